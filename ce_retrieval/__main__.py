@@ -1,0 +1,5 @@
+import sys
+
+from ce_retrieval.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""ce_retrieval.modeling."""

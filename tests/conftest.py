@@ -1,0 +1,26 @@
+"""Shared test set-up: legacy Keras, quiet TensorFlow, deterministic seeds, a fresh Keras session per test."""
+import os
+
+os.environ["TF_USE_LEGACY_KERAS"] = "1"
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import ce_retrieval  # noqa: E402,F401  (sets the Keras mode before TensorFlow loads)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_keras_state():
+    tf.keras.backend.clear_session()
+    tf.keras.mixed_precision.set_global_policy("float32")
+    np.random.seed(0)
+    tf.random.set_seed(0)
+    yield
+    tf.keras.mixed_precision.set_global_policy("float32")
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)
