@@ -1,0 +1,11 @@
+"""Typed experiment configs (dataclasses) with YAML files and ``--params_override``; see ``base.py``."""
+from ce_retrieval.configs.base import ConfigError, from_dict, load_yaml, merge, parse_override, save_yaml, to_dict
+
+__all__ = ["ConfigError", "from_dict", "load_yaml", "merge", "parse_override", "save_yaml", "to_dict"]
+
+
+def load_experiment(path: str, overrides: list[str] | None = None):
+    """An :class:`~ce_retrieval.configs.experiment.ExperimentConfig` from a YAML file plus override strings."""
+    from ce_retrieval.configs.experiment import ExperimentConfig
+
+    return load_yaml(ExperimentConfig, path, overrides)

@@ -1,0 +1,82 @@
+"""The experiment config: data, model, loss, training and evaluation, as one typed tree.
+
+YAML files in ``configs/`` fill it (``configs/synthetic_demo.yaml`` is the embedded default); see
+:mod:`ce_retrieval.configs.base` for the loading and override rules.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from ce_retrieval.data.config import DataConfig
+from ce_retrieval.modeling.config import ModelConfig, OptimizerConfig
+
+STRATEGIES = ("default", "mirrored", "multi_worker", "tpu")
+PRECISIONS = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
+
+
+@dataclasses.dataclass
+class LossConfig:
+    """Which loss trains the model: any class of ``ce_retrieval.losses`` by name, with constructor kwargs."""
+
+    name: str = "CrossExampleSoftmax"
+    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def build(self):
+        from ce_retrieval import losses
+
+        return losses.get(self.name, **self.kwargs)
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """``model.fit`` settings. ``batch_size`` is the GLOBAL batch (split across replicas, gathered for the loss)."""
+
+    batch_size: int = 64
+    epochs: int = 10
+    steps_per_epoch: int | None = None  # None: one pass over the training captions
+    strategy: str = "default"  # default | mirrored | multi_worker | tpu
+    num_cpu_replicas: int = 0  # mirrored on a machine without GPUs: split the CPU into this many logical devices
+    tpu: str = ""  # TPU name/address for TPUStrategy ("" = local / from the environment)
+    mixed_precision: str = "auto"  # auto: mixed_bfloat16 on TPU, mixed_float16 on GPU, float32 on CPU
+    jit_compile: bool = False
+    seed: int = 0
+    backup_every_steps: int = 50  # BackupAndRestore frequency (resume after a kill loses at most this many steps)
+    keep_checkpoints: int = 3
+    tensorboard_update_freq: int = 20
+    verbose: int = 1  # Keras progress: 0 silent, 1 progress bar, 2 one line per epoch
+    optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
+
+    def __post_init__(self):
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"train.strategy must be one of {STRATEGIES}, got {self.strategy!r}")
+        if self.mixed_precision not in PRECISIONS:
+            raise ValueError(f"train.mixed_precision must be one of {PRECISIONS}, got {self.mixed_precision!r}")
+        if self.batch_size < 2:
+            raise ValueError(f"train.batch_size must be >= 2 (in-batch negatives), got {self.batch_size}")
+        if self.epochs < 1:
+            raise ValueError(f"train.epochs must be >= 1, got {self.epochs}")
+        if self.steps_per_epoch is not None and self.steps_per_epoch < 1:
+            raise ValueError(f"train.steps_per_epoch must be >= 1 or null, got {self.steps_per_epoch}")
+
+
+@dataclasses.dataclass
+class EvalConfig:
+    """Validation during training (every ``every_n_epochs``) and the ``evaluate`` command's defaults."""
+
+    split: str = "val"
+    every_n_epochs: int = 1  # 0 disables evaluation during training
+    monitor: str = "val_pr_auc"  # metric that selects the best checkpoint (any logged val_* metric)
+    monitor_mode: str = "max"
+    distractors: int = 0  # extra gallery images relevant to nothing (paper Table 1, right half)
+    batch_size: int = 128
+
+
+@dataclasses.dataclass
+class ExperimentConfig:
+    name: str = "experiment"
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    loss: LossConfig = dataclasses.field(default_factory=LossConfig)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    evaluation: EvalConfig = dataclasses.field(default_factory=EvalConfig)

@@ -1,0 +1,173 @@
+"""Trains a two-tower model from an :class:`ExperimentConfig` with ``model.fit``.
+
+The program is the same under every strategy (Model Garden style: a strategy scope, a model, a dataset, fit):
+
+    strategy → precision policy → data (global batch) → model + two optimizers + loss (in scope) → fit
+
+``model_dir`` layout: ``config.yaml`` (resolved config), ``vocab.txt``, ``backup/`` (``BackupAndRestore``: a
+killed run restarts where the last backup left it, same total step count), ``checkpoints/{latest,best}/``
+(atomic weight checkpoints), ``logs/`` (TensorBoard), ``train_summary.json``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+
+import tensorflow as tf
+
+from ce_retrieval.configs import save_yaml
+from ce_retrieval.training import distribute
+from ce_retrieval.training.callbacks import ThroughputLogger, WeightsCheckpoint
+from ce_retrieval.utils.atomic import atomic_write_text
+
+
+def steps_per_epoch(cfg) -> int:
+    """Configured steps, or one pass over the training captions (needs a known dataset size)."""
+    if cfg.train.steps_per_epoch:
+        return int(cfg.train.steps_per_epoch)
+    from ce_retrieval import data
+
+    n = int(tf.data.experimental.cardinality(data.load_examples(cfg.data, "train")).numpy())
+    if n < 0:
+        raise ValueError("the training set's size is unknown; set train.steps_per_epoch")
+    if n < cfg.train.batch_size:
+        raise ValueError(f"the training split has {n} captions, fewer than train.batch_size={cfg.train.batch_size}")
+    return n // cfg.train.batch_size
+
+
+def build_compiled_model(cfg, vocab_path: str, total_steps: int):
+    """Model, optimizers and loss, compiled. Call inside the strategy scope."""
+    from ce_retrieval import modeling
+
+    model = modeling.build_two_tower(cfg.model, vocab_path)
+    text_optimizer, image_optimizer = modeling.build_optimizers(cfg.train.optimizer, total_steps)
+    model.compile(
+        loss=cfg.loss.build(),
+        text_optimizer=text_optimizer,
+        image_optimizer=image_optimizer,
+        jit_compile=cfg.train.jit_compile,
+    )
+    return model
+
+
+def train(cfg, model_dir: str, extra_callbacks=(), print_fn=print) -> dict:
+    """Runs (or resumes) training; returns the summary that is also written to ``train_summary.json``."""
+    from ce_retrieval import data
+
+    strategy = distribute.make_strategy(cfg.train)  # first: may split the CPU into logical devices
+    policy = distribute.precision_policy(cfg.train, strategy)
+    tf.keras.mixed_precision.set_global_policy(policy)
+    tf.keras.utils.set_random_seed(cfg.train.seed)
+
+    model_dir = os.path.abspath(model_dir)
+    out_dir = distribute.worker_dir(model_dir)
+    os.makedirs(out_dir, exist_ok=True)
+    if distribute.is_chief():
+        save_yaml(cfg, os.path.join(model_dir, "config.yaml"))
+    vocab_path = _vocab_into(cfg, out_dir)
+
+    spe = steps_per_epoch(cfg)
+    total_steps = spe * cfg.train.epochs
+    dataset = data.train_pipeline(cfg.data, "train", cfg.train.batch_size, seed=cfg.train.seed)
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    dataset = dataset.with_options(options)
+
+    with strategy.scope():
+        model = build_compiled_model(cfg, vocab_path, total_steps)
+
+    callbacks = [
+        ThroughputLogger(cfg.train.batch_size, print_fn=print_fn if distribute.is_chief() else None),
+        *_evaluation_callbacks(cfg, out_dir),
+        *extra_callbacks,
+        tf.keras.callbacks.BackupAndRestore(
+            os.path.join(out_dir, "backup"), save_freq=cfg.train.backup_every_steps, delete_checkpoint=True
+        ),
+        WeightsCheckpoint(
+            os.path.join(out_dir, "checkpoints"),
+            monitor=cfg.evaluation.monitor if cfg.evaluation.every_n_epochs else None,
+            mode=cfg.evaluation.monitor_mode,
+            keep=cfg.train.keep_checkpoints,
+        ),
+        tf.keras.callbacks.TensorBoard(
+            os.path.join(out_dir, "logs"), update_freq=cfg.train.tensorboard_update_freq, profile_batch=0
+        ),
+    ]
+    if print_fn and distribute.is_chief():
+        print_fn(
+            f"[train] {cfg.name}: loss {cfg.loss.name}, {strategy.num_replicas_in_sync} replica(s) "
+            f"({type(strategy).__name__}), policy {policy}, global batch {cfg.train.batch_size}, "
+            f"{cfg.train.epochs} epochs x {spe} steps"
+        )
+    start = time.perf_counter()
+    history = model.fit(
+        dataset, epochs=cfg.train.epochs, steps_per_epoch=spe, callbacks=callbacks, verbose=cfg.train.verbose
+    )
+    summary = {
+        "name": cfg.name,
+        "loss": cfg.loss.name,
+        "steps": int(model.text_optimizer.iterations.numpy()),
+        "epochs": cfg.train.epochs,
+        "seconds": time.perf_counter() - start,
+        "num_replicas": strategy.num_replicas_in_sync,
+        "policy": policy,
+        "history": {k: [float(x) for x in v] for k, v in history.history.items()},
+    }
+    if distribute.is_chief():
+        atomic_write_text(os.path.join(model_dir, "train_summary.json"), json.dumps(summary, indent=2))
+    else:
+        shutil.rmtree(out_dir, ignore_errors=True)
+    return summary
+
+
+def _vocab_into(cfg, out_dir: str) -> str:
+    from ce_retrieval import data
+
+    target = os.path.join(out_dir, "vocab.txt")
+    if not os.path.exists(target):
+        source = data.vocab_path_for(cfg.data, out_dir)
+        if os.path.abspath(source) != target:
+            tmp = target + ".tmp"
+            shutil.copyfile(source, tmp)
+            os.replace(tmp, target)
+    return target
+
+
+def _evaluation_callbacks(cfg, out_dir: str) -> list:
+    if not cfg.evaluation.every_n_epochs:
+        return []
+    from ce_retrieval import data
+    from ce_retrieval.evaluation.callback import RetrievalEvaluationCallback
+
+    split = data.load_retrieval_split(cfg.data, cfg.evaluation.split)
+    return [
+        RetrievalEvaluationCallback(
+            split,
+            every_n_epochs=cfg.evaluation.every_n_epochs,
+            batch_size=cfg.evaluation.batch_size,
+            log_dir=os.path.join(out_dir, "logs", "validation"),
+        )
+    ]
+
+
+def load_trained(model_dir: str, which: str = "best"):
+    """(config, model) of a trained ``model_dir`` with weights restored from ``checkpoints/<which>``
+    (``best`` falls back to ``latest`` when no validation ran)."""
+    from ce_retrieval import configs, modeling
+
+    config_path = os.path.join(model_dir, "config.yaml")
+    if not os.path.exists(config_path):
+        raise FileNotFoundError(f"{model_dir} is not a trained model directory (no config.yaml)")
+    cfg = configs.load_experiment(config_path)
+    model = modeling.build_two_tower(cfg.model, os.path.join(model_dir, "vocab.txt"))
+    model.text_encoder(tf.constant(["warm up"]))  # create the variables before restoring
+    candidates = [which] if which != "best" else ["best", "latest"]
+    for name in candidates:
+        path = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints", name))
+        if path:
+            tf.train.Checkpoint(model=model).restore(path).expect_partial()
+            model.checkpoint_path = path
+            return cfg, model
+    raise FileNotFoundError(f"no checkpoint under {os.path.join(model_dir, 'checkpoints')} ({'/'.join(candidates)})")
