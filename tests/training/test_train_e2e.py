@@ -1,0 +1,107 @@
+"""The trainer end to end: model.fit on the synthetic set, checkpoints, resume after SIGKILL, multi-worker."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ce_retrieval import configs
+from ce_retrieval.training import load_trained, train
+from ce_retrieval.training.cli import resolve_config
+from tests.training.tiny import TINY_OVERRIDE
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _tiny_cfg(*extra):
+    return configs.load_experiment(resolve_config("synthetic_demo"), [TINY_OVERRIDE, *extra])
+
+
+def _cli(model_dir, *overrides, env=None):
+    cmd = [sys.executable, "-m", "ce_retrieval.cli", "train", "--config", "synthetic_demo", "--model_dir", str(model_dir),
+           "--params_override", TINY_OVERRIDE]
+    for o in overrides:
+        cmd += ["--params_override", o]
+    full_env = {**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "3", **(env or {})}
+    return cmd, full_env
+
+
+def test_train_writes_model_dir_and_reloads(tmp_path):
+    lines = []
+    summary = train(_tiny_cfg(), str(tmp_path), print_fn=lines.append)
+    assert summary["steps"] == 6
+    assert any("examples/s" in line for line in lines)
+    for name in ("config.yaml", "vocab.txt", "train_summary.json"):
+        assert (tmp_path / name).exists(), name
+    assert (tmp_path / "checkpoints" / "latest" / "checkpoint").exists()
+    assert (tmp_path / "checkpoints" / "best" / "best.json").exists()
+    assert "val_pr_auc" in summary["history"] and "examples_per_second" in summary["history"]
+    assert not (tmp_path / "backup").exists()  # BackupAndRestore cleans up after a finished run
+    cfg, model = load_trained(str(tmp_path))
+    assert cfg.name == "synthetic_demo"
+    emb = model.text_encoder(__import__("tensorflow").constant(["a red circle"])).numpy()
+    assert emb.shape == (1, 16)
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_keeps_step_count(tmp_path):
+    model_dir = tmp_path / "run"
+    override = "train.epochs=3,train.steps_per_epoch=8,train.backup_every_steps=3,evaluation.every_n_epochs=0"
+    cmd, env = _cli(model_dir, override)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    backup = model_dir / "backup"
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        if backup.exists() and any(p.name.startswith("checkpoint") for p in backup.rglob("checkpoint*")):
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "training ended before it could be killed: " + proc.stderr.read().decode()[-2000:]
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (model_dir / "train_summary.json").exists()
+    done = subprocess.run(cmd, env=env, capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    summary = json.loads((model_dir / "train_summary.json").read_text())
+    assert summary["steps"] == 24  # the same total as an uninterrupted run
+    assert (model_dir / "checkpoints" / "latest" / "checkpoint").exists()
+
+
+def _free_ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+@pytest.mark.slow
+def test_multi_worker_mirrored_two_processes(tmp_path):
+    ports = _free_ports(2)
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    procs = []
+    for index in range(2):
+        tf_config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
+        cmd, env = _cli(tmp_path / "run", "train.strategy=multi_worker,evaluation.every_n_epochs=0",
+                        env={"TF_CONFIG": tf_config})
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    outs = [p.communicate(timeout=300)[0].decode() for p in procs]
+    for p, out in zip(procs, outs, strict=True):
+        assert p.returncode == 0, out[-3000:]
+    summary = json.loads((tmp_path / "run" / "train_summary.json").read_text())
+    assert summary["num_replicas"] == 2 and summary["steps"] == 6
+    assert not (tmp_path / "run" / ".workers" / "worker_1").exists()  # non-chief scratch removed
+
+
+@pytest.mark.slow
+def test_mirrored_two_cpu_replicas(tmp_path):
+    cmd, env = _cli(tmp_path / "run", "train.strategy=mirrored,train.num_cpu_replicas=2,evaluation.every_n_epochs=0")
+    done = subprocess.run(cmd, env=env, capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    summary = json.loads((tmp_path / "run" / "train_summary.json").read_text())
+    assert summary["num_replicas"] == 2 and summary["steps"] == 6
