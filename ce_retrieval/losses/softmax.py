@@ -1,0 +1,131 @@
+"""The four objectives of Veit & Wilber, "Improving Calibration in Deep Metric Learning With Cross-Example
+Softmax" (2020, §3, eqs. 2-6), on a similarity matrix S and relevance R (shared/spec/losses.md).
+
+With logits l = scale * S and P the positive pairs (R == 1), every loss is
+
+    L = 1/|P| sum_{(i,j) in P} -log( e^{l_ij} / (e^{l_ij} + sum_{s in Neg(i)} e^s) )
+
+and they differ in the negative set Neg(i) (built from R == 0 only; ignored pairs, R == -1, appear nowhere):
+
+=============================  =====  ======================================================================
+class                          eq.    Neg(i)
+=============================  =====  ======================================================================
+``SampledSoftmax``             (2)    Neg_i: the negatives of row i (in-batch sampled softmax)
+``StochasticNegativeMining``   (3)    topk(Neg_i), k = ceil(f * |Neg_i|) per row (f = 0.5), or ``top_k``
+``CrossExampleSoftmax``        (5)    Neg: every negative of the batch, shared by all queries
+``CrossExampleNegativeMining`` (6)    topk(Neg), k = ceil(f * |Neg|) over the whole batch, or ``top_k``
+=============================  =====  ======================================================================
+
+With R = I this is exactly the paper's 1/N sum_i; with several positives per row, each positive pair is
+its own term and the other positives of the row are in neither numerator nor partition function.
+Cross-example negatives make scores comparable across queries (global calibration, the paper's PR-AUC
+gain); the mining variants keep the hardest 50% as in the paper's experiments. Mining uses an exact
+radix selection of the k-th largest negative instead of a sort (``selection.py``), so it costs a few
+counting passes; ties at the threshold are counted exactly. The pipeline is in ``softmax_core.py``.
+"""
+from __future__ import annotations
+
+from ce_retrieval.losses.registry import register
+from ce_retrieval.losses.softmax_core import SoftmaxFamilyLoss
+
+
+@register
+class SampledSoftmax(SoftmaxFamilyLoss):
+    """Eq. (2): in-batch sampled softmax; each positive pair against the negatives of its own row.
+
+    Args:
+      scale: logit scale (the paper's temperature lambda = 20 on cosine similarities).
+      bidirectional: also apply the loss to S^T (image -> text) and average, as CLIP does.
+    """
+
+    def __init__(self, scale: float = 20.0, bidirectional: bool = False, name: str | None = None, **kwargs):
+        super().__init__(scale=scale, cross_example=False, bidirectional=bidirectional, name=name, **kwargs)
+
+
+@register
+class StochasticNegativeMining(SoftmaxFamilyLoss):
+    """Eq. (3): sampled softmax over the top-k negatives of each row.
+
+    Args:
+      scale: logit scale.
+      negative_fraction: f in (0, 1]; row i keeps k_i = ceil(f * n_i) of its n_i negatives (n_i excludes
+        ignored pairs, so it may differ per row). Default 0.5 (the paper's setting).
+      top_k: keep min(top_k, n_i) negatives per row instead of a fraction.
+      bidirectional: also apply to S^T and average.
+    """
+
+    default_negative_fraction = 0.5
+
+    def __init__(
+        self,
+        scale: float = 20.0,
+        negative_fraction: float | None = None,
+        top_k: int | None = None,
+        bidirectional: bool = False,
+        name: str | None = None,
+        **kwargs,
+    ):
+        super().__init__(
+            scale=scale,
+            cross_example=False,
+            negative_fraction=negative_fraction,
+            top_k=top_k,
+            bidirectional=bidirectional,
+            name=name,
+            **kwargs,
+        )
+
+    def get_config(self):
+        return {**super().get_config(), "negative_fraction": self.negative_fraction, "top_k": self.top_k}
+
+
+@register
+class CrossExampleSoftmax(SoftmaxFamilyLoss):
+    """Eq. (5): every positive pair against all negatives of the batch (cross-example negatives).
+
+    Args:
+      scale: logit scale.
+      bidirectional: also apply to S^T and average (the negative set is the same; the positives' rows change).
+    """
+
+    def __init__(self, scale: float = 20.0, bidirectional: bool = False, name: str | None = None, **kwargs):
+        super().__init__(scale=scale, cross_example=True, bidirectional=bidirectional, name=name, **kwargs)
+
+
+@register
+class CrossExampleNegativeMining(SoftmaxFamilyLoss):
+    """Eq. (6): every positive pair against the top-k negatives of the whole batch.
+
+    Args:
+      scale: logit scale.
+      negative_fraction: f in (0, 1]; keeps k = ceil(f * n) of the batch's n negatives. Default 0.5.
+      top_k: keep min(top_k, n) negatives instead of a fraction.
+      bidirectional: also apply to S^T and average.
+    """
+
+    default_negative_fraction = 0.5
+
+    def __init__(
+        self,
+        scale: float = 20.0,
+        negative_fraction: float | None = None,
+        top_k: int | None = None,
+        bidirectional: bool = False,
+        name: str | None = None,
+        **kwargs,
+    ):
+        super().__init__(
+            scale=scale,
+            cross_example=True,
+            negative_fraction=negative_fraction,
+            top_k=top_k,
+            bidirectional=bidirectional,
+            name=name,
+            **kwargs,
+        )
+
+    def get_config(self):
+        return {**super().get_config(), "negative_fraction": self.negative_fraction, "top_k": self.top_k}
+
+
+__all__ = ["SampledSoftmax", "StochasticNegativeMining", "CrossExampleSoftmax", "CrossExampleNegativeMining"]

@@ -1,0 +1,153 @@
+"""The softmax family of Veit & Wilber (2020, §3) as one pipeline of small named steps.
+
+Every loss of ``softmax.py`` and ``margin_softmax.py`` is, for each positive pair (i, j) with logit l_ij,
+
+    loss_ij = -log( e^{p_ij} / (e^{p_ij} + Z) ) = softplus(log Z - p_ij),   value = mean over positive pairs
+
+and the classes differ only in the steps that produce ``p`` and ``Z``:
+
+1. ``positive logit``: p_ij = scale * s_ij, or a margin transform of s_ij (L-Softmax, A-Softmax, CosFace,
+   ArcFace); margins touch positives only.
+2. ``negative set``: ``Neg_i`` = row i's negatives (y_true == 0), "sampled" (eq. 2), or ``Neg`` = all
+   negatives of the batch, "cross-example" (eq. 5). Ignored pairs (-1) are in no set and no positive.
+3. ``mining`` (optional): keep the top k of the set, k = ceil(f * n) (``negative_fraction=f``) or
+   k = min(top_k, n), n = size of the set (per row, or the whole batch). Eqs. (3) and (6).
+4. ``log partition``: log Z = log sum_{s in set} e^{scale * s}, by log-sum-exp with max subtraction.
+   With mining, sum_{topk} e^s = sum_{s > t} e^s + (k - #{s > t}) e^t with t the k-th largest (found by
+   radix selection, ``selection.py``, no sort); the tied entries at t share the weight
+   (k - #{s > t}) / #{s == t}, which is the same value and splits the gradient evenly among the ties.
+   The threshold itself carries no gradient.
+5. ``softmax cross-entropy`` per positive pair and the mean over positive pairs.
+
+A row (or batch) without negatives has Z = 0: its positive pairs contribute 0 (log 1).
+"""
+from __future__ import annotations
+
+import math
+
+import tensorflow as tf
+
+from ce_retrieval.losses.base import IRRELEVANT, RetrievalLoss, mean_over_positives
+from ce_retrieval.losses.selection import select_kth_largest
+
+_NEG_INF = float("-inf")
+
+
+def resolve_mining(negative_fraction, top_k, default_fraction: float | None, owner: str):
+    """Validated ``(negative_fraction, top_k)``: at most one is set; the default applies when neither is."""
+    if negative_fraction is not None and top_k is not None:
+        raise ValueError(f"{owner}: give either negative_fraction or top_k, not both")
+    if top_k is not None:
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+            raise ValueError(f"{owner}: top_k must be a positive integer, got {top_k!r}")
+        return None, int(top_k)
+    if negative_fraction is None:
+        negative_fraction = default_fraction
+    if negative_fraction is not None:
+        if isinstance(negative_fraction, bool) or not isinstance(negative_fraction, (int, float)):
+            raise ValueError(f"{owner}: negative_fraction must be a number in (0, 1], got {negative_fraction!r}")
+        if not (0.0 < float(negative_fraction) <= 1.0):
+            raise ValueError(f"{owner}: negative_fraction must be in (0, 1], got {negative_fraction!r}")
+        negative_fraction = float(negative_fraction)
+    return negative_fraction, None
+
+
+def mining_k(num_negatives: tf.Tensor, negative_fraction: float | None, top_k: int | None) -> tf.Tensor:
+    """Step 3: how many negatives to keep, ``ceil(f * n)`` or ``min(top_k, n)`` (int32, shape of ``n``)."""
+    n = tf.cast(num_negatives, tf.int32)
+    if top_k is not None:
+        return tf.minimum(n, top_k)
+    # float64 so that f * n is exact for batch-wide sets of up to 2^31 negatives.
+    return tf.cast(tf.math.ceil(tf.cast(n, tf.float64) * negative_fraction), tf.int32)
+
+
+def negative_log_partition(logits, negatives, cross_example: bool, negative_fraction=None, top_k=None):
+    """Steps 2-4: ``log Z`` over the row's (shape ``[N, 1]``) or the batch's (shape ``[1, 1]``) negatives.
+
+    ``logits`` float32 ``[N, M]``; ``negatives`` bool ``[N, M]``. Without mining (both ``None``) every
+    negative counts. Sets without negatives give ``-inf`` (Z = 0).
+    """
+    axis = None if cross_example else -1
+    masked = tf.where(negatives, logits, _NEG_INF)
+    peak = tf.reduce_max(masked, axis=axis, keepdims=True)
+    nonempty = peak > _NEG_INF
+    peak = tf.stop_gradient(tf.where(nonempty, peak, 0.0))
+    exp = tf.exp(masked - peak)  # 0 outside the negative set, <= 1 inside
+    if negative_fraction is not None or top_k is not None:
+        exp = exp * _top_k_weights(logits, negatives, axis, negative_fraction, top_k)
+    total = tf.reduce_sum(exp, axis=axis, keepdims=True)
+    return tf.where(nonempty, peak + tf.math.log(tf.where(nonempty, total, 1.0)), _NEG_INF)
+
+
+def _top_k_weights(logits, negatives, axis, negative_fraction, top_k):
+    """1 for negatives above the k-th largest t, (k - #{> t}) / #{== t} for those equal to t, else 0."""
+    count = tf.reduce_sum(tf.cast(negatives, tf.int32), axis=axis, keepdims=True)  # [N, 1] or [1, 1]
+    k = tf.minimum(mining_k(count, negative_fraction, top_k), count)
+    selection_k = tf.reshape(k, []) if axis is None else k[:, 0]
+    selected = select_kth_largest(tf.stop_gradient(logits), selection_k, mask=negatives, axis=axis)
+    shape = tf.shape(k)
+    threshold = tf.reshape(selected.value, shape)
+    greater = tf.reshape(selected.num_greater, shape)
+    equal = tf.reshape(selected.num_equal, shape)
+    tie_weight = tf.cast(k - greater, tf.float32) / tf.cast(tf.maximum(equal, 1), tf.float32)
+    return tf.where(logits > threshold, 1.0, tf.where(logits == threshold, tie_weight, 0.0))
+
+
+def softmax_pair_loss(positive_logits, log_partition, relevance):
+    """Step 5: mean over positive pairs of ``-log(e^p / (e^p + Z)) = softplus(log Z - p)``."""
+    return mean_over_positives(tf.math.softplus(log_partition - positive_logits), relevance)
+
+
+class SoftmaxFamilyLoss(RetrievalLoss):
+    """Base of the softmax-family losses: ``scale``, negative set, optional mining; see the module docstring.
+
+    Subclasses override :meth:`positive_logits` (margins) and fix the negative set / mining defaults.
+    """
+
+    #: default ``negative_fraction`` when neither it nor ``top_k`` is given (``None``: no mining).
+    default_negative_fraction: float | None = None
+
+    def __init__(
+        self,
+        scale: float = 20.0,
+        cross_example: bool = False,
+        negative_fraction: float | None = None,
+        top_k: int | None = None,
+        bidirectional: bool = False,
+        name: str | None = None,
+        **kwargs,
+    ):
+        super().__init__(bidirectional=bidirectional, name=name, **kwargs)
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+            raise ValueError(f"{self.name}: scale must be a positive finite number, got {scale!r}")
+        self.scale = float(scale)
+        self.cross_example = bool(cross_example)
+        self.negative_fraction, self.top_k = resolve_mining(
+            negative_fraction, top_k, self.default_negative_fraction, self.name
+        )
+
+    def positive_logits(self, scores: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
+        """Logits of the positive pairs (only entries with relevance 1 are used); ``logits = scale * scores``."""
+        return logits
+
+    def compute(self, relevance, scores):
+        logits = self.scale * scores
+        log_partition = negative_log_partition(
+            logits, relevance == IRRELEVANT, self.cross_example, self.negative_fraction, self.top_k
+        )
+        return softmax_pair_loss(self.positive_logits(scores, logits), log_partition, relevance)
+
+    def get_config(self):
+        config = super().get_config()
+        config["scale"] = self.scale
+        return config
+
+
+__all__ = [
+    "SoftmaxFamilyLoss",
+    "mining_k",
+    "negative_log_partition",
+    "resolve_mining",
+    "softmax_pair_loss",
+]
+
