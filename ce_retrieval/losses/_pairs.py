@@ -68,6 +68,12 @@ def masked_logsumexp(x: tf.Tensor, mask: tf.Tensor, axis: int = -1, add_one: boo
     return tf.squeeze(out, axis=axis)
 
 
+def logaddexp(a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
+    """``log(exp(a) + exp(b))`` elementwise with broadcasting, stable for large or ``NEG`` inputs."""
+    top = tf.stop_gradient(tf.maximum(a, b))
+    return top + tf.math.log(tf.exp(a - top) + tf.exp(b - top))
+
+
 def masked_mean(values: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
     """Mean of ``values`` over ``mask`` (0 when the mask is empty)."""
     mask = tf.cast(mask, tf.bool)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from ce_retrieval.losses._pairs import distance_from_similarity, masked_logsumexp, masked_mean, pair_masks
+from ce_retrieval.losses._pairs import distance_from_similarity, logaddexp, masked_logsumexp, masked_mean, pair_masks
 from ce_retrieval.losses.base import RetrievalLoss
 from ce_retrieval.losses.registry import register
 
@@ -38,7 +38,7 @@ class LiftedStructureLoss(RetrievalLoss):
         logits = self.margin - dist
         row = masked_logsumexp(logits, negative, axis=1)[:, None]  # query i's negatives
         col = masked_logsumexp(logits, negative, axis=0)[None, :]  # document j's negatives
-        j = tf.reduce_logsumexp(tf.stack(tf.broadcast_tensors(row, col), axis=0), axis=0) + dist
+        j = logaddexp(row, col) + dist
         return 0.5 * masked_mean(tf.square(tf.nn.relu(j)), positive)
 
     def get_config(self):

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from ce_retrieval.losses._pairs import masked_logsumexp, masked_mean, pair_masks
+from ce_retrieval.losses._pairs import logaddexp, masked_logsumexp, masked_mean, pair_masks
 from ce_retrieval.losses.base import RetrievalLoss
 from ce_retrieval.losses.registry import register
 
@@ -30,7 +30,7 @@ def softmax_per_positive(relevance: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
     """Mean over positive pairs of ``-log(e^{l_ij} / (e^{l_ij} + sum_{Neg(i)} e^{l_ik}))``."""
     positive, negative = pair_masks(relevance)
     negatives = masked_logsumexp(logits, negative, axis=1)[:, None]
-    log_denominator = tf.reduce_logsumexp(tf.stack(tf.broadcast_tensors(logits, negatives), axis=0), axis=0)
+    log_denominator = logaddexp(logits, negatives)
     return masked_mean(log_denominator - logits, positive)
 
 
