@@ -1,0 +1,45 @@
+"""Binomial deviance loss (Yi, Lei, Liao & Li 2014, "Deep metric learning for person re-identification").
+
+With cosine similarities S, M_ij = 1 for positive pairs and -C for negative pairs, and W_ij = 1/|P| on
+positives, 1/|N| on negatives (each half of the batch weighs the same):
+
+    L = sum_ij W_ij log(1 + exp(-alpha (S_ij - beta) M_ij))
+      = mean_{P} softplus(-alpha (s - beta)) + mean_{N} softplus(alpha C (s - beta))
+
+Defaults alpha = 2, beta = 0.5, C = 25 (the values used for this loss in Ustinova & Lempitsky 2016's
+comparison, citing Yi et al.). The reduction is the paper's W (a batch-level mean of each part), not a
+mean over positive pairs only. No pytorch-metric-learning / TF-Similarity counterpart; tests use NumPy.
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from ce_retrieval.losses._pairs import masked_mean, pair_masks
+from ce_retrieval.losses.base import RetrievalLoss
+from ce_retrieval.losses.registry import register
+
+
+@register
+class BinomialDevianceLoss(RetrievalLoss):
+    """Yi et al. (2014): ``mean_P softplus(-a(s-b)) + mean_N softplus(a C (s-b))``; see module docstring."""
+
+    def __init__(self, alpha: float = 2.0, beta: float = 0.5, negative_cost: float = 25.0, **kwargs):
+        if alpha <= 0 or negative_cost <= 0:
+            raise ValueError(f"BinomialDevianceLoss: alpha and negative_cost must be > 0, got {alpha}, {negative_cost}")
+        super().__init__(**kwargs)
+        self.alpha, self.beta, self.negative_cost = float(alpha), float(beta), float(negative_cost)
+
+    def compute(self, relevance, scores):
+        positive, negative = pair_masks(relevance)
+        shifted = self.alpha * (scores - self.beta)
+        return masked_mean(tf.nn.softplus(-shifted), positive) + masked_mean(
+            tf.nn.softplus(self.negative_cost * shifted), negative
+        )
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(alpha=self.alpha, beta=self.beta, negative_cost=self.negative_cost)
+        return config
+
+
+__all__ = ["BinomialDevianceLoss"]

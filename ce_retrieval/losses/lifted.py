@@ -1,0 +1,48 @@
+"""Lifted structured loss (Oh Song, Xiang, Jegelka & Savarese 2016, "Deep metric learning via lifted
+structured feature embedding"), the smooth form of their eq. (4).
+
+With Euclidean distances ``D = sqrt(2 - 2s)`` on the unit sphere and margin ``alpha`` (paper: 1.0), every
+positive pair (i, j) is contrasted with *all* negatives of both its ends:
+
+    J_ij = log( sum_{k in Neg(i)} exp(alpha - D_ik) + sum_{l in Neg(j)} exp(alpha - D_jl) ) + D_ij
+    L    = 1 / (2 |P|) * sum_{(i,j) in P} [J_ij]_+^2
+
+On a rectangular ``S`` (queries x documents) ``Neg(i)`` is row i (documents irrelevant to query i) and
+``Neg(j)`` is column j (queries irrelevant to document j); for single-modality ``S = E E^T`` column j is
+row j, which is the paper's definition. Reduction: the paper's, ``1/(2|P|)``, i.e. half the mean over
+positive pairs; with ``S = E E^T`` each unordered pair appears twice with the same ``J``, so the mean over
+ordered pairs equals the paper's mean over unordered ones. This matches pytorch-metric-learning's
+``LiftedStructureLoss(neg_margin=alpha, pos_margin=0)`` with a ``MeanReducer`` (its default reducer
+averages over non-zero terms only). Cost: O(N M) (row and column log-sum-exps).
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from ce_retrieval.losses._pairs import distance_from_similarity, logaddexp, masked_logsumexp, masked_mean, pair_masks
+from ce_retrieval.losses.base import RetrievalLoss
+from ce_retrieval.losses.registry import register
+
+
+@register
+class LiftedStructureLoss(RetrievalLoss):
+    """Oh Song et al. (2016): ``1/(2|P|) sum [log(sum e^{a-D_ik} + sum e^{a-D_jl}) + D_ij]_+^2``."""
+
+    def __init__(self, margin: float = 1.0, **kwargs):
+        super().__init__(**kwargs)
+        self.margin = float(margin)
+
+    def compute(self, relevance, scores):
+        positive, negative = pair_masks(relevance)
+        dist = distance_from_similarity(scores, "euclidean")
+        logits = self.margin - dist
+        row = masked_logsumexp(logits, negative, axis=1)[:, None]  # query i's negatives
+        col = masked_logsumexp(logits, negative, axis=0)[None, :]  # document j's negatives
+        j = logaddexp(row, col) + dist
+        return 0.5 * masked_mean(tf.square(tf.nn.relu(j)), positive)
+
+    def get_config(self):
+        return {**super().get_config(), "margin": self.margin}
+
+
+__all__ = ["LiftedStructureLoss"]

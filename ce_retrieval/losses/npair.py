@@ -1,0 +1,86 @@
+"""Multi-class N-pair loss (Sohn 2016) and InfoNCE / CLIP's symmetric InfoNCE (van den Oord et al. 2018;
+Radford et al. 2021). They are one equation: for a positive pair (i, j) with logits ``l = scale * S``,
+
+    l_ij = log(1 + sum_{k in Neg(i)} exp(l_ik - l_ij)) = -log( e^{l_ij} / (e^{l_ij} + sum_{k in Neg(i)} e^{l_ik}) )
+
+averaged over positive pairs (with one positive per row this is the paper's ``1/N sum_i``). Other positives
+of the row are left out of the denominator (each positive pair is its own classification problem, as in
+pytorch-metric-learning's ``NTXentLoss``); ignored pairs (-1) are left out everywhere. With one positive
+per row and nothing ignored it is exactly the cross-entropy of CLIP.
+
+* ``NPairLoss(scale=1.0)``: Sohn's form on raw inner products ``f^T f+`` (scale 1). Sohn also adds an L2
+  penalty on the un-normalised embeddings (lambda = 0.002); that needs the embeddings, not ``S``: add
+  ``activity_regularizer=tf.keras.regularizers.L2(0.002)`` to the embedding layer.
+* ``InfoNCE(temperature=0.07)``: logits ``S / temperature`` (CLIP's initial temperature). ``NPairLoss(scale=s)``
+  equals ``InfoNCE(temperature=1/s)``.
+* ``SymmetricInfoNCE``: CLIP's loss, the mean of the text->image loss on ``S`` and image->text on ``S^T``
+  (``InfoNCE(bidirectional=True)``). A learned temperature belongs to the model (multiply S by its
+  ``logit_scale`` and pass ``temperature=1``).
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from ce_retrieval.losses._pairs import logaddexp, masked_logsumexp, masked_mean, pair_masks
+from ce_retrieval.losses.base import RetrievalLoss
+from ce_retrieval.losses.registry import register
+
+
+def softmax_per_positive(relevance: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
+    """Mean over positive pairs of ``-log(e^{l_ij} / (e^{l_ij} + sum_{Neg(i)} e^{l_ik}))``."""
+    positive, negative = pair_masks(relevance)
+    negatives = masked_logsumexp(logits, negative, axis=1)[:, None]
+    log_denominator = logaddexp(logits, negatives)
+    return masked_mean(log_denominator - logits, positive)
+
+
+@register
+class NPairLoss(RetrievalLoss):
+    """Sohn (2016): ``log(1 + sum_k exp(scale * (s_ik - s_ij)))`` per positive pair; see module docstring."""
+
+    def __init__(self, scale: float = 1.0, **kwargs):
+        if scale <= 0:
+            raise ValueError(f"NPairLoss: scale must be > 0, got {scale}")
+        super().__init__(**kwargs)
+        self.scale = float(scale)
+
+    def compute(self, relevance, scores):
+        return softmax_per_positive(relevance, self.scale * scores)
+
+    def get_config(self):
+        return {**super().get_config(), "scale": self.scale}
+
+
+@register
+class InfoNCE(RetrievalLoss):
+    """InfoNCE with logits ``S / temperature``; ``bidirectional=True`` gives CLIP's symmetric loss."""
+
+    def __init__(self, temperature: float = 0.07, **kwargs):
+        if temperature <= 0:
+            raise ValueError(f"{type(self).__name__}: temperature must be > 0, got {temperature}")
+        super().__init__(**kwargs)
+        self.temperature = float(temperature)
+
+    def compute(self, relevance, scores):
+        return softmax_per_positive(relevance, scores / self.temperature)
+
+    def get_config(self):
+        return {**super().get_config(), "temperature": self.temperature}
+
+
+@register
+class SymmetricInfoNCE(InfoNCE):
+    """CLIP's loss: ``(InfoNCE(S) + InfoNCE(S^T)) / 2``; always bidirectional."""
+
+    def __init__(self, temperature: float = 0.07, **kwargs):
+        if not kwargs.pop("bidirectional", True):
+            raise ValueError("SymmetricInfoNCE is always bidirectional; use InfoNCE for one direction")
+        super().__init__(temperature=temperature, bidirectional=True, **kwargs)
+
+    def get_config(self):
+        config = super().get_config()
+        config.pop("bidirectional", None)
+        return config
+
+
+__all__ = ["InfoNCE", "NPairLoss", "SymmetricInfoNCE"]

@@ -1,0 +1,120 @@
+"""Triplet margin loss (Schroff et al. 2015, FaceNet) with all / hard / semi-hard mining and VSE++'s form.
+
+For an anchor ``a`` (a row of ``S``), a positive ``p`` and a negative ``n`` of that row,
+
+    l(a, p, n) = [ m + D(a, p) - D(a, n) ]_+
+
+with ``D`` chosen by ``distance``: ``'squared_euclidean'`` (FaceNet: ``D = ||x_a - x||^2 = 2 - 2s``, margin
+alpha = 0.2, the default), ``'euclidean'`` (pytorch-metric-learning's ``TripletMarginLoss``) or ``'cosine'``
+(``D = 1 - s``: then ``l = [m - s_ap + s_an]_+``, the hinge of VSE++ (Faghri et al. 2018) and of
+TF-Similarity's ``TripletLoss(distance='cosine')``).
+
+Which triplets (``mining``, per positive pair (a, p)):
+
+* ``'all'``: every negative of the row. Reduction: mean over positive pairs of the mean over the row's
+  negatives (= the mean over all valid triplets when every row has as many negatives, e.g. P x K batches);
+  ``average_nonzero=True`` divides the sum by the number of *active* triplets (loss > 0) instead, as the
+  batch-all loss of Hermans et al. (2017) and pytorch-metric-learning's default ``AvgNonZeroReducer``.
+  Cost: no ``[N, M, M]`` tensor. ``sum_n [t - D_an]_+ = count(D_an < t) * t - sum_{D_an < t} D_an`` with
+  ``t = m + D_ap``, and both are read off one sorted merge of the row's thresholds and negative distances
+  (``_pairs.count_below``): O(N M log M) time, O(N M) memory, exact value and gradient.
+* ``'hard'``: the hardest negative of the row, ``min_n D(a, n)`` — VSE++'s max violation
+  (``max_violation=True`` is an alias). With ``bidirectional=True`` and ``distance='cosine'`` this is the
+  VSE++ image-text loss (VSE++ sums over the batch; here it is averaged).
+* ``'semi-hard'``: FaceNet's semi-hard negative, the closest negative farther than the positive (falling
+  back to the farthest negative when none is), see ``miners.semi_hard_negative_indices``.
+
+``positive_mining='hard'`` keeps only each anchor's farthest positive (one term per anchor): with
+``mining='hard'`` it is the batch-hard loss of Hermans et al. and TF-Similarity's ``('hard', 'hard')``,
+with ``'semi-hard'`` TF-Similarity's default ``('hard', 'semi-hard')``.
+Reduction for 'hard' and 'semi-hard': mean over kept positive pairs whose row has a negative.
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from ce_retrieval.losses import miners
+from ce_retrieval.losses._pairs import (
+    check_distance,
+    count_below,
+    distance_from_similarity,
+    masked_mean,
+    masked_min,
+    pair_masks,
+    row_any,
+)
+from ce_retrieval.losses.base import RetrievalLoss
+from ce_retrieval.losses.registry import register
+
+MINING = ("all", "hard", "semi-hard")
+POSITIVE_MINING = ("all", "hard")
+
+
+@register
+class TripletLoss(RetrievalLoss):
+    """FaceNet triplet loss ``[m + D(a,p) - D(a,n)]_+`` on S; see the module docstring for every option."""
+
+    def __init__(
+        self,
+        margin: float = 0.2,
+        mining: str = "all",
+        distance: str = "squared_euclidean",
+        positive_mining: str = "all",
+        max_violation: bool = False,
+        average_nonzero: bool = False,
+        **kwargs,
+    ):
+        if mining not in MINING:
+            raise ValueError(f"TripletLoss: mining must be one of {MINING}, got {mining!r}")
+        if positive_mining not in POSITIVE_MINING:
+            raise ValueError(f"TripletLoss: positive_mining must be one of {POSITIVE_MINING}, got {positive_mining!r}")
+        if max_violation:
+            if mining == "semi-hard":
+                raise ValueError("TripletLoss: max_violation=True (hardest negative) contradicts mining='semi-hard'")
+            mining = "hard"
+        if average_nonzero and mining != "all":
+            raise ValueError("TripletLoss: average_nonzero only applies to mining='all'")
+        if margin < 0:
+            raise ValueError(f"TripletLoss: margin must be >= 0, got {margin}")
+        super().__init__(**kwargs)
+        self.margin = float(margin)
+        self.mining = mining
+        self.distance = check_distance(distance, "TripletLoss")
+        self.positive_mining = positive_mining
+        self.average_nonzero = bool(average_nonzero)
+
+    def compute(self, relevance, scores):
+        positive, negative = pair_masks(relevance)
+        if self.positive_mining == "hard":
+            hardest, _ = miners.hardest_positive_indices(relevance, scores)
+            positive = positive & tf.one_hot(hardest, tf.shape(scores)[1], on_value=True, off_value=False)
+        dist = distance_from_similarity(scores, self.distance)
+        kept = positive & row_any(negative)
+        if self.mining == "hard":
+            per_pair = tf.nn.relu(self.margin + dist - masked_min(dist, negative))
+            return masked_mean(per_pair, kept)
+        if self.mining == "semi-hard":
+            index, _ = miners.semi_hard_negative_indices(relevance, scores)
+            per_pair = tf.nn.relu(self.margin + dist - tf.gather(dist, index, batch_dims=1))
+            return masked_mean(per_pair, kept)
+        threshold = tf.where(kept, self.margin + dist, tf.zeros_like(dist))
+        active, below = count_below(threshold, dist, negative)
+        hinge_sum = active * threshold - below  # sum over the row's negatives of [m + D_ap - D_an]_+
+        if self.average_nonzero:
+            total = tf.reduce_sum(tf.where(kept, hinge_sum, tf.zeros_like(hinge_sum)))
+            return total / tf.maximum(tf.reduce_sum(tf.where(kept, active, tf.zeros_like(active))), 1.0)
+        num_negatives = tf.reduce_sum(tf.cast(negative, tf.float32), axis=1, keepdims=True)
+        return masked_mean(hinge_sum / tf.maximum(num_negatives, 1.0), kept)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "margin": self.margin,
+            "mining": self.mining,
+            "distance": self.distance,
+            "positive_mining": self.positive_mining,
+            "average_nonzero": self.average_nonzero,
+        }
+
+
+__all__ = ["TripletLoss"]
