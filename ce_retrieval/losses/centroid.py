@@ -1,0 +1,47 @@
+"""The centroid upper bound on the triplet loss (Do et al. 2019; ProbML 16.2.5.3).
+
+With fixed class centroids ``c_m`` (the columns of ``S``: a frozen
+:class:`ce_retrieval.modeling.proxies.ProxySimilarity` initialised by
+:func:`ce_retrieval.modeling.proxies.fixed_centroids`, one-hot or k-means on the sphere), the triangle
+inequality bounds the margin-free triplet loss ``‖f_i − f_j‖ − ‖f_i − f_k‖`` summed over all triplets by
+
+    L_u = N' Σ_i ( ‖f_i − c_{y_i}‖ − 1/(3(C − 1)) Σ_{m ≠ y_i} ‖f_i − c_m‖ ),
+
+computable in ``O(NC)``. This loss returns the bracket averaged over positive (example, centroid) pairs,
+i.e. ``L_u / (N' N)``: the constant ``N' = 3(C−1)(N/C − 1)N/C`` only rescales the learning rate.
+``C − 1`` is the number of negative columns of the row (relevance 0). Distances are **not** squared:
+``‖f − c‖ = sqrt(2 − 2 cos)`` for unit vectors (``similarity='cosine'``) or ``sqrt(−S)``.
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from ce_retrieval.losses._metric import check_similarity, squared_distance
+from ce_retrieval.losses.base import IRRELEVANT, RetrievalLoss, mean_over_positives
+from ce_retrieval.losses.registry import register
+
+
+@register
+class CentroidUpperBoundLoss(RetrievalLoss):
+    """Triplet upper bound through fixed centroids; see the module docstring."""
+
+    supports_bidirectional = False
+    requires_proxies = True
+
+    def __init__(self, similarity: str = "cosine", epsilon: float = 1e-12, **kwargs):
+        super().__init__(**kwargs)
+        self.similarity = check_similarity(similarity, "CentroidUpperBoundLoss")
+        self.epsilon = float(epsilon)
+
+    def compute(self, relevance, scores):
+        dist = tf.sqrt(tf.maximum(squared_distance(scores, self.similarity), self.epsilon))  # [N, C]
+        negative = tf.cast(relevance == IRRELEVANT, tf.float32)
+        num_neg = tf.reduce_sum(negative, axis=1, keepdims=True)
+        mean_neg = tf.reduce_sum(dist * negative, axis=1, keepdims=True) / tf.maximum(num_neg, 1.0)
+        return mean_over_positives(dist - mean_neg / 3.0, relevance)
+
+    def get_config(self):
+        return {**super().get_config(), "similarity": self.similarity, "epsilon": self.epsilon}
+
+
+__all__ = ["CentroidUpperBoundLoss"]

@@ -1,0 +1,51 @@
+"""Proxy Anchor loss (Kim et al. 2020): each proxy is an anchor pulling its positives, pushing its negatives.
+
+On ``S = cos(E, P)`` (columns are proxies, from :class:`ce_retrieval.modeling.proxies.ProxySimilarity`):
+
+    L = 1/|P⁺| Σ_{p ∈ P⁺} log(1 + Σ_{x ∈ X_p⁺} e^{−α(s(x,p) − δ)})
+      + 1/|P|  Σ_{p ∈ P}  log(1 + Σ_{x ∈ X_p⁻} e^{ α(s(x,p) + δ)})
+
+``X_p⁺`` / ``X_p⁻``: the batch's embeddings with relevance 1 / 0 in column ``p`` (``-1`` excluded);
+``P⁺``: proxies with at least one positive in the batch; ``P``: all proxies (columns). α = 32, δ = 0.1
+(paper defaults). The terms are per proxy (column), not per positive pair: the reduction is the paper's,
+identical to pytorch-metric-learning's ``ProxyAnchorLoss`` (negative term divided by the number of proxies).
+With ``K > 1`` proxies per class each column is its own anchor.
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from ce_retrieval.losses._metric import log1p_sum_exp
+from ce_retrieval.losses.base import IRRELEVANT, RELEVANT, RetrievalLoss
+from ce_retrieval.losses.registry import register
+
+
+@register
+class ProxyAnchorLoss(RetrievalLoss):
+    """Proxy Anchor on cosine similarities; ``alpha`` (scale α) and ``delta`` (margin δ) as in the paper."""
+
+    supports_bidirectional = False
+    requires_proxies = True
+
+    def __init__(self, alpha: float = 32.0, delta: float = 0.1, **kwargs):
+        super().__init__(**kwargs)
+        if alpha <= 0:
+            raise ValueError(f"ProxyAnchorLoss: alpha must be > 0, got {alpha}")
+        self.alpha = float(alpha)
+        self.delta = float(delta)
+
+    def compute(self, relevance, scores):
+        positive = relevance == RELEVANT
+        negative = relevance == IRRELEVANT
+        pos_term = log1p_sum_exp(-self.alpha * (scores - self.delta), positive, axis=0)  # [M]
+        neg_term = log1p_sum_exp(self.alpha * (scores + self.delta), negative, axis=0)  # [M]
+        with_pos = tf.cast(tf.reduce_any(positive, axis=0), tf.float32)
+        num_with_pos = tf.maximum(tf.reduce_sum(with_pos), 1.0)
+        num_proxies = tf.cast(tf.shape(scores)[1], tf.float32)
+        return tf.reduce_sum(pos_term * with_pos) / num_with_pos + tf.reduce_sum(neg_term) / num_proxies
+
+    def get_config(self):
+        return {**super().get_config(), "alpha": self.alpha, "delta": self.delta}
+
+
+__all__ = ["ProxyAnchorLoss"]
