@@ -216,17 +216,24 @@ def test_circle_linear_is_circle_loss_with_m_half():
 
 @pytest.mark.parametrize("tw,pw", COMBOS)
 def test_integrability_matches_the_table(tw, pw):
-    """W is a gradient field iff its Jacobian dW/dS is symmetric (locally, mining fixed)."""
+    """W is a gradient field iff its Jacobian J = dW/dS is symmetric (locally, mining fixed): u^T J v = v^T J u.
+
+    Checked along random directions (two backward passes each) instead of forming the full Jacobian.
+    """
     x, y = _features(n=7, seed=5)
     s = tf.constant(x @ y.T)
-    r = tf.eye(7)
-    with tf.GradientTape() as tape:
+    rng = np.random.default_rng(11)
+    with tf.GradientTape(persistent=True) as tape:
         tape.watch(s)
-        w = goal_gradient(r, s, tw, pw)[1]
-    jac = tape.jacobian(w, s, unconnected_gradients="zero").numpy().reshape(49, 49)
-    asymmetry = np.abs(jac - jac.T).max() / max(np.abs(jac).max(), 1e-12)
+        w = goal_gradient(tf.eye(7), s, tw, pw)[1]
+    asymmetry = 0.0
+    for _ in range(3):
+        u, v = (tf.constant(rng.normal(size=(7, 7)), tf.float32) for _ in range(2))
+        jt_u, jt_v = (tape.gradient(w, s, output_gradients=d, unconnected_gradients="zero") for d in (u, v))
+        ujv, vju = float(tf.reduce_sum(v * jt_u)), float(tf.reduce_sum(u * jt_v))
+        asymmetry = max(asymmetry, abs(ujv - vju) / (abs(ujv) + abs(vju) + 1e-12))
     if (tw, pw) in INTEGRABLE:
-        assert asymmetry < 1e-5
+        assert asymmetry < 1e-4
     else:
         assert asymmetry > 1e-2
 
@@ -286,20 +293,196 @@ def test_serialisation_and_registry():
     assert "bidirectional" not in loss.get_config()
 
 
-def test_jit_matches_eager_for_all_combinations():
+# Every branch of the code (3 triplet weights, 5 pair weights) is hit by these five combinations; all 15 are
+# trained under XLA by benchmarks/goal_check.py (too many XLA compiles for the unit-test budget).
+BRANCH_COVER = [
+    ("constant", "constant"),
+    ("nca", "sigmoid"),
+    ("circle", "linear"),
+    ("nca", "linear-ms"),
+    ("circle", "sigmoid-ms"),
+]
+
+
+def test_jit_matches_eager():
+    """The branch-covering objectives in one XLA cluster (one compile) against eager execution."""
     x, y = _features(n=8, seed=4)
     s = tf.constant(x @ y.T)
     r = tf.constant(_layout("duplicate_ids", n=8))
-    for tw, pw in COMBOS:
-        loss = GradientObjective(tw, pw)
+    losses = [GradientObjective(tw, pw) for tw, pw in BRANCH_COVER]
 
-        def value_and_grad(s_):
-            with tf.GradientTape() as tape:
-                tape.watch(s_)
-                v = loss(r, s_)
-            return v, tape.gradient(v, s_)
+    def values_and_grads(s_):
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch(s_)
+            values = [loss(r, s_) for loss in losses]
+        return tf.stack(values), tf.stack([tape.gradient(v, s_) for v in values])
 
-        eager = value_and_grad(s)
-        jit = tf.function(value_and_grad, jit_compile=True)(s)
-        np.testing.assert_allclose(jit[0], eager[0], rtol=1e-5)
-        np.testing.assert_allclose(jit[1], eager[1], rtol=1e-4, atol=1e-6)
+    eager = values_and_grads(s)
+    jit = tf.function(values_and_grads, jit_compile=True)(s)
+    np.testing.assert_allclose(jit[0], eager[0], rtol=1e-5)
+    np.testing.assert_allclose(jit[1], eager[1], rtol=1e-4, atol=1e-6)
+
+
+# ---------------------------------------------------------------- two-tower model and Keras
+def _two_tower(d_image=6, d_text=5, dim=4, text_rows=False):
+    """Two Dense towers, L2-normalised; output S = X Y^T (goal.md) or S = Y X^T (the two-tower convention)."""
+    images, texts = tf.keras.Input((d_image,)), tf.keras.Input((d_text,))
+    normalise = tf.keras.layers.Lambda(lambda t: tf.math.l2_normalize(t, axis=1))
+    x = normalise(tf.keras.layers.Dense(dim, use_bias=False, name="image_tower")(images))
+    y = normalise(tf.keras.layers.Dense(dim, use_bias=False, name="text_tower")(texts))
+    pair = [y, x] if text_rows else [x, y]
+    s = tf.keras.layers.Lambda(lambda t: tf.matmul(t[0], t[1], transpose_b=True))(pair)
+    return tf.keras.Model([images, texts], s), tf.keras.Model([images, texts], [x, y])
+
+
+def _paired_data(n, d_image=6, d_text=5, latent=4, noise=0.1, seed=0):
+    rng = np.random.default_rng(seed)
+    z = rng.normal(size=(n, latent))
+    mix_image, mix_text = rng.normal(size=(latent, d_image)), rng.normal(size=(latent, d_text))
+    images = z @ mix_image + noise * rng.normal(size=(n, d_image))
+    texts = z @ mix_text + noise * rng.normal(size=(n, d_text))
+    return images.astype(np.float32), texts.astype(np.float32)
+
+
+def _dataset(images, texts, batch):
+    ds = tf.data.Dataset.from_tensor_slices((images, texts)).batch(batch, drop_remainder=True)
+    return ds.map(lambda a, b: ((a, b), tf.eye(tf.shape(a)[0])))
+
+
+@pytest.mark.parametrize("text_rows", [False, True])
+def test_gradient_reaches_both_towers(text_rows):
+    """dL/dX = W Y and dL/dY = W^T X (goal.md's per-feature formulas), then into both towers' kernels."""
+    model, embed = _two_tower(text_rows=text_rows)
+    images, texts = _paired_data(7, seed=1)
+    loss = GradientObjective("circle", "sigmoid-ms", average_over_pairs=False)
+    with tf.GradientTape(persistent=True) as tape:
+        x, y = embed([images, texts])
+        s = tf.matmul(y, x, transpose_b=True) if text_rows else tf.matmul(x, y, transpose_b=True)
+        value = loss(tf.eye(7), s)
+    dx, dy = tape.gradient(value, [x, y])
+    x64, y64 = x.numpy().astype(np.float64), y.numpy().astype(np.float64)
+    _, w, ref_dx, ref_dy, _ = reference(x64, y64, x64 @ y64.T, np.eye(7), "circle", "sigmoid-ms")
+    np.testing.assert_allclose(dx, ref_dx, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(dy, ref_dy, rtol=1e-4, atol=1e-5)
+    grads = tape.gradient(value, embed.trainable_variables)
+    assert len(grads) == 2 and all(float(tf.norm(g)) > 0 for g in grads)
+    # the towers receive exactly the gradient of the surrogate <W, S> with W held constant
+    with tf.GradientTape() as surrogate_tape:
+        x, y = embed([images, texts])
+        surrogate = tf.reduce_sum(tf.constant(w, tf.float32) * tf.matmul(x, y, transpose_b=True))
+    expected = surrogate_tape.gradient(surrogate, embed.trainable_variables)
+    for g, e in zip(grads, expected):
+        np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-6)
+
+
+def test_model_fit_under_xla():
+    """model.fit with jit_compile=True (circle x sigmoid-ms is also fitted under XLA in mixed precision below)."""
+    model, _ = _two_tower()
+    images, texts = _paired_data(32, seed=2)
+    model.compile(tf.keras.optimizers.SGD(0.5), loss=GradientObjective("nca", "linear-ms"), jit_compile=True)
+    before = [v.numpy().copy() for v in model.trainable_variables]
+    history = model.fit(_dataset(images, texts, 8), epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"]).all()
+    assert all(not np.allclose(b, v.numpy()) for b, v in zip(before, model.trainable_variables))
+
+
+def test_mixed_precision_matches_float32():
+    images, texts = _paired_data(8, seed=3)
+    loss = GradientObjective("circle", "sigmoid-ms")
+    grads = []
+    for policy in ("float32", "mixed_float16"):
+        tf.keras.mixed_precision.set_global_policy(policy)
+        tf.keras.utils.set_random_seed(0)
+        model, _ = _two_tower()
+        with tf.GradientTape() as tape:
+            value = loss(tf.eye(8), model([images, texts]))
+        assert value.dtype == tf.float32
+        grads.append(tape.gradient(value, model.trainable_variables))
+    for g32, g16 in zip(*grads):
+        np.testing.assert_allclose(tf.cast(g16, tf.float32), g32, rtol=0.05, atol=5e-3)
+    # and model.fit under XLA with a loss-scaled optimizer (the custom gradient follows the loss scale)
+    model.compile(tf.keras.optimizers.SGD(0.5), loss=loss, jit_compile=True)
+    assert isinstance(model.optimizer, tf.keras.mixed_precision.LossScaleOptimizer)
+    history = model.fit(_dataset(*_paired_data(32, seed=4), 8), epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"]).all()
+
+
+_DISTRIBUTED = textwrap.dedent(
+    """
+    import json, os
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    import numpy as np
+    import ce_retrieval
+    import tensorflow as tf
+    from ce_retrieval.losses import GradientObjective
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    rng = np.random.default_rng(0)
+    images, texts = rng.normal(size=(8, 6)).astype("float32"), rng.normal(size=(8, 5)).astype("float32")
+    loss = GradientObjective("circle", "sigmoid-ms")
+    with strategy.scope():
+        towers = [tf.keras.layers.Dense(4, use_bias=False) for _ in range(2)]
+        towers[0].build((None, 6)); towers[1].build((None, 5))
+    variables = [t.kernel for t in towers]
+
+    def embed(a, b):
+        return (tf.math.l2_normalize(towers[0](a), axis=1), tf.math.l2_normalize(towers[1](b), axis=1))
+
+    with tf.GradientTape() as tape:  # single device, whole batch
+        x, y = embed(images, texts)
+        single_value = loss(tf.eye(8), tf.matmul(x, y, transpose_b=True))
+    single = tape.gradient(single_value, variables)
+
+    @tf.function
+    def replica_step(a, b):
+        ctx = tf.distribute.get_replica_context()
+        with tf.GradientTape() as tape:
+            x, y = embed(a, b)
+            x, y = ctx.all_gather(x, axis=0), ctx.all_gather(y, axis=0)  # the global [8, 8] matrix
+            value = loss(tf.eye(8), tf.matmul(x, y, transpose_b=True))
+        return value, tape.gradient(value, variables)
+
+    shards = strategy.experimental_distribute_values_from_function(
+        lambda ctx: (images[4 * ctx.replica_id_in_sync_group:][:4], texts[4 * ctx.replica_id_in_sync_group:][:4]))
+    value, grads = strategy.run(replica_step, args=shards)
+    value = strategy.reduce("SUM", value, axis=None)
+    grads = [strategy.reduce("SUM", g, axis=None) for g in grads]
+    print(json.dumps({
+        "replicas": strategy.num_replicas_in_sync,
+        "value": [float(single_value), float(value)],
+        "grad_error": max(float(tf.reduce_max(tf.abs(g - s))) for g, s in zip(grads, single)),
+        "grad_norm": min(float(tf.norm(s)) for s in single),
+    }))
+    """
+)
+
+
+@pytest.mark.slow
+def test_distributed_gradient_equals_single_device():
+    """2 replicas, all_gather'ed global S: summed replica gradients == single-device gradient (custom grad scaled)."""
+    env = {**os.environ, "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    out = subprocess.run([sys.executable, "-c", _DISTRIBUTED], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["replicas"] == 2
+    assert result["value"][1] == pytest.approx(result["value"][0], rel=1e-5)
+    assert result["grad_norm"] > 0 and result["grad_error"] < 1e-5
+
+
+def _recall_at_1(embed, images, texts):
+    x, y = embed([images, texts])
+    return float(np.mean(np.argmax(tf.matmul(x, y, transpose_b=True), axis=1) == np.arange(len(images))))
+
+
+@pytest.mark.slow
+def test_circle_sigmoid_ms_training_improves_recall():
+    images, texts = _paired_data(640, d_image=16, d_text=12, latent=8, noise=0.2, seed=5)
+    model, embed = _two_tower(d_image=16, d_text=12, dim=16)
+    before = _recall_at_1(embed, images[512:], texts[512:])
+    model.compile(tf.keras.optimizers.Adam(0.01), loss=GradientObjective("circle", "sigmoid-ms"))
+    model.fit(_dataset(images[:512], texts[:512], 32).repeat(), steps_per_epoch=100, epochs=1, verbose=0)
+    after = _recall_at_1(embed, images[512:], texts[512:])
+    assert after > before + 0.4, (before, after)
