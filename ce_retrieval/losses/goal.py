@@ -19,8 +19,9 @@ with a triplet weight ``t = w_t(p, n)`` and pair weights ``wp, wn`` (all constan
 
 (the text anchor uses column i instead of row i). Since ``S = X Y^T``, back-propagating ``W`` through ``S``
 gives exactly goal.md's per-feature gradients ``dL/dX = W Y`` and ``dL/dY = W^T X``; it is attached to ``S``
-with ``tf.custom_gradient``, vectorised (one masked matrix, two arg-max reductions, two one-hot scatters and,
-for the MS weights, a sort + searchsorted over the N positive scores; no loop over the batch).
+with ``tf.custom_gradient``, vectorised: one masked matrix and two arg-max reductions mine the negatives, the
+MS sets cost one more pass over ``S`` (shared by both directions) and a sort + searchsorted over the ``N``
+pair scores, and ``W`` (3N non-zeros) is scattered in the backward pass only; no loop over the batch.
 
 Value versus gradient. The number returned (and logged by ``model.fit`` as ``loss``; the default name is
 ``goal_value``) is goal.md's *logging value* ``Sum_i (n_i - p_i) + Sum_i (n'_i - p_i)``, divided by the number
@@ -81,10 +82,22 @@ from ce_retrieval.losses.registry import register
 TRIPLET_WEIGHTS = ("constant", "nca", "circle")
 PAIR_WEIGHTS = ("constant", "linear", "sigmoid", "linear-ms", "sigmoid-ms")
 
-__all__ = ["GradientObjective", "goal_gradient", "prescribe_gradient", "TRIPLET_WEIGHTS", "PAIR_WEIGHTS"]
+__all__ = ["GradientObjective", "goal_gradient", "goal_terms", "prescribe_gradient", "TRIPLET_WEIGHTS", "PAIR_WEIGHTS"]
 
 
-def goal_gradient(
+def goal_gradient(relevance, scores, *args, **kwargs):
+    """Functional form: ``(value, W, num_pairs)`` for float32 ``relevance`` / ``scores`` of shape ``[N, N]``.
+
+    ``value = Sum_i (n_i - p_i) + Sum_i (n'_i - p_i)`` and ``W`` (goal.md's dL/dS) are sums over anchors, not
+    divided by ``num_pairs``. Arguments after ``scores`` are those of :class:`GradientObjective` (without
+    ``average_over_pairs``). The weights are computed from ``scores`` as given: differentiating ``W`` with
+    respect to ``scores`` is possible (the tests do it to check integrability) but is not what training does.
+    """
+    value, indices, updates, pairs = goal_terms(relevance, scores, *args, **kwargs)
+    return value, tf.scatter_nd(indices, updates, tf.shape(scores)), pairs
+
+
+def goal_terms(
     relevance,
     scores,
     triplet_weight: str = "circle",
@@ -95,28 +108,31 @@ def goal_gradient(
     ms_lambda: float = 0.5,
     ms_margin: float = 0.1,
 ):
-    """Functional core: ``(value, W, num_pairs)`` for float32 ``relevance`` / ``scores`` of shape ``[N, N]``.
+    """``(value, indices [3N, 2], updates [3N], num_pairs)``: W = scatter_nd(indices, updates) has 3N non-zeros.
 
-    ``value = Sum_i (n_i - p_i) + Sum_i (n'_i - p_i)`` and ``W`` (goal.md's dL/dS) are sums over anchors (not
-    divided by ``num_pairs``). The weights are computed from ``scores`` as given: differentiating ``W`` with
-    respect to ``scores`` is possible (the tests use it to check integrability) but is not what training does.
+    ``W[i, i] = -(t_i wp_i + t'_i wp'_i)``, ``W[i, a(i)] = t_i wn_i``, ``W[b(i), i] = t'_i wn'_i`` (anchors
+    without a triplet get 0), so the backward pass never materialises dense one-hot matrices.
     """
     _check_names(triplet_weight, pair_weight)
     s = tf.convert_to_tensor(scores, tf.float32)
     r = tf.convert_to_tensor(relevance, tf.float32)
     size = tf.shape(s)[0]
+    index = tf.range(size)
     p = tf.linalg.diag_part(s)
     matched = tf.equal(tf.linalg.diag_part(r), 1.0)
-    negative = tf.equal(r, 0.0) & ~tf.cast(tf.eye(size), tf.bool)
+    # R[i, i] is never 0 for a matched pair, so (i, i) needs no explicit exclusion from the negatives: it lies
+    # only in row i and column i, which belong to anchor i, and anchor i exists only if R[i, i] = 1.
+    negative = tf.equal(r, 0.0)
 
     # Hardest negatives of every image anchor (row) and text anchor (column), from one masked matrix.
-    masked = tf.where(negative, s, tf.fill(tf.shape(s), float("-inf")))
-    row_ok = matched & tf.reduce_any(negative, axis=1)
-    col_ok = matched & tf.reduce_any(negative, axis=0)
-    n_row = tf.where(row_ok, tf.reduce_max(masked, axis=1), 0.0)
-    n_col = tf.where(col_ok, tf.reduce_max(masked, axis=0), 0.0)
+    masked = tf.where(negative, s, float("-inf"))
     a_row = tf.argmax(masked, axis=1, output_type=tf.int32)
     b_col = tf.argmax(masked, axis=0, output_type=tf.int32)
+    n_row = tf.gather(masked, a_row, batch_dims=1)
+    n_col = tf.gather_nd(masked, tf.stack([b_col, index], axis=1))
+    row_ok = matched & (n_row > float("-inf"))
+    col_ok = matched & (n_col > float("-inf"))
+    n_row, n_col = tf.where(row_ok, n_row, 0.0), tf.where(col_ok, n_col, 0.0)
 
     t_row, t_col = (_triplet_weight(triplet_weight, p, n, tau) for n in (n_row, n_col))
     if pair_weight.endswith("-ms"):
@@ -124,9 +140,10 @@ def goal_gradient(
         sorted_p = tf.sort(tf.where(matched, p, float("inf")))
         p_min = tf.where(tf.reduce_any(matched), sorted_p[0], 0.0)
         r_p = _ms_positive_mean(sorted_p, p_min, p, matched, tf.concat([n_row, n_col], 0) + ms_margin, linear, ms_alpha)
+        r_n_row, r_n_col = _ms_negative_means(
+            s, negative, n_row, row_ok, n_col, col_ok, p_min - ms_margin, linear, ms_beta
+        )
         r_p_row, r_p_col = r_p[:size], r_p[size:]
-        r_n_row = _ms_negative_mean(s, negative, n_row, row_ok, p_min - ms_margin, 1, linear, ms_beta)
-        r_n_col = _ms_negative_mean(s, negative, n_col, col_ok, p_min - ms_margin, 0, linear, ms_beta)
         if linear:
             wp_row, wp_col = (1.0 - r_p_row) * (1.0 - p), (1.0 - r_p_col) * (1.0 - p)
             wn_row, wn_col = (1.0 + r_n_row) * n_row, (1.0 + r_n_col) * n_col
@@ -143,13 +160,12 @@ def goal_gradient(
     pull = tf.where(row_ok, t_row * wp_row, zero) + tf.where(col_ok, t_col * wp_col, zero)
     push_row = tf.where(row_ok, t_row * wn_row, zero)  # goes to W[i, a(i)]
     push_col = tf.where(col_ok, t_col * wn_col, zero)  # goes to W[b(i), i]
-    weights = (
-        tf.one_hot(a_row, size, dtype=tf.float32) * push_row[:, None]
-        + tf.one_hot(b_col, size, axis=0, dtype=tf.float32) * push_col[None, :]
-        - tf.linalg.diag(pull)
+    indices = tf.concat(
+        [tf.stack([index, index], 1), tf.stack([index, a_row], 1), tf.stack([b_col, index], 1)], axis=0
     )
+    updates = tf.concat([-pull, push_row, push_col], axis=0)
     value = tf.reduce_sum(tf.where(row_ok, n_row - p, zero)) + tf.reduce_sum(tf.where(col_ok, n_col - p, zero))
-    return value, weights, tf.reduce_sum(tf.cast(matched, tf.float32))
+    return value, indices, updates, tf.reduce_sum(tf.cast(matched, tf.float32))
 
 
 def _triplet_weight(kind, p, n, tau):
@@ -194,37 +210,50 @@ def _ms_positive_mean(sorted_p, p_min, p, matched, thresholds, linear, alpha):
     others = tf.gather(prefix, count) - self_in * own
     size = tf.cast(count, tf.float32) - self_in
     mean = others / tf.maximum(size, 1.0)
-    mean = p2 - mean if linear else tf.exp(alpha * (p2 - p_min)) * mean
+    mean = p2 - mean if linear else tf.exp(alpha * (p2 - p_min)) * tf.maximum(mean, 0.0)
     return tf.where(size > 0, mean, 0.0)
 
 
-def _ms_negative_mean(s, negative, hardest, has_negative, floor, axis, linear, beta):
-    """``r_n`` of every anchor along ``axis`` (1: image anchors over rows, 0: text anchors over columns).
+def _ms_negative_means(s, negative, n_row, row_ok, n_col, col_ok, floor, linear, beta):
+    """``r_n`` of every image anchor (over its row) and text anchor (over its column).
 
-    Sums over the negatives with ``S >= floor`` and then removes the mined negative itself (its term is
-    ``e^0 = 1``, or ``0`` for linear-ms), which drops exactly one of several tied maxima, as ``j != a(i)`` does.
+    The candidate set ``{R = 0, S >= min_k p_k - eps}`` is the same matrix for both directions, and the terms
+    factorise: ``n_i - S_ij`` gives ``n_i |set| - Sum S``, and ``e^{-b (n_i - S_ij)} = e^{b (c - n_i)} e^{b (S_ij - c)}``
+    with ``c`` the largest negative score (so every factor stays <= e^{2b} for cosines): one pass over S serves
+    both directions. The mined negative itself (``j = a(i)``) is then removed from the set (its term is ``0``
+    for linear-ms, ``1`` for sigmoid-ms), which drops exactly one of several tied maxima, as ``j != a(i)`` does.
     """
-    gap = tf.maximum(tf.expand_dims(hardest, axis) - s, 0.0)  # n - S[i, j] >= 0 on negatives
     in_set = negative & (s >= floor)
-    terms = gap if linear else tf.exp(-beta * gap)
-    total = tf.reduce_sum(tf.where(in_set, terms, 0.0), axis=axis)
-    self_in = tf.cast(has_negative & (hardest >= floor), tf.float32)
-    count = tf.reduce_sum(tf.cast(in_set, tf.float32), axis=axis) - self_in
-    if not linear:
-        total -= self_in
-    return tf.where(count > 0, total / tf.maximum(count, 1.0), 0.0)
+    member = tf.cast(in_set, tf.float32)
+    c = tf.reduce_max(tf.where(row_ok | col_ok, tf.maximum(n_row, n_col), float("-inf")))
+    c = tf.where(tf.math.is_finite(c), c, 0.0)
+    terms = tf.where(in_set, s, 0.0) if linear else tf.where(in_set, tf.exp(beta * (s - c)), 0.0)
+    means = []
+    for axis, hardest, ok in ((1, n_row, row_ok), (0, n_col, col_ok)):
+        self_in = tf.cast(ok & (hardest >= floor), tf.float32)
+        count = tf.reduce_sum(member, axis=axis) - self_in
+        total = tf.reduce_sum(terms, axis=axis)
+        if linear:  # Sum_{j != a(i)} (n_i - S_ij)
+            mean = hardest - (total - self_in * hardest) / tf.maximum(count, 1.0)
+        else:  # Sum_{j != a(i)} e^{-b (n_i - S_ij)}
+            own = tf.exp(beta * (hardest - c))
+            mean = tf.exp(beta * (c - hardest)) * tf.maximum(total - self_in * own, 0.0) / tf.maximum(count, 1.0)
+        means.append(tf.where(count > 0, mean, 0.0))
+    return means
 
 
 def prescribe_gradient(x, value, gradient):
     """Returns ``value`` (a scalar) whose gradient with respect to ``x`` is ``gradient`` times the upstream one.
 
     ``value`` and ``gradient`` must not depend differentiably on ``x`` (compute them from ``stop_gradient(x)``).
+    ``gradient`` may be a tensor shaped like ``x``, or a function ``upstream -> gradient`` (built lazily, in
+    the backward pass only).
     """
 
     @tf.custom_gradient
     def _attach(x_):
         def grad(upstream):
-            return upstream * gradient
+            return gradient(upstream) if callable(gradient) else upstream * gradient
 
         return tf.identity(value), grad
 
@@ -282,7 +311,7 @@ class GradientObjective(RetrievalLoss):
 
     def compute(self, relevance, scores):
         relevance, scores = _check_layout(relevance, scores, self.name)
-        value, weights, pairs = goal_gradient(
+        value, indices, updates, pairs = goal_terms(
             relevance,
             tf.stop_gradient(scores),
             self.triplet_weight,
@@ -294,8 +323,9 @@ class GradientObjective(RetrievalLoss):
             self.ms_margin,
         )
         if self.average_over_pairs:
-            value, weights = value / tf.maximum(pairs, 1.0), weights / tf.maximum(pairs, 1.0)
-        return prescribe_gradient(scores, value, tf.stop_gradient(weights))
+            value, updates = value / tf.maximum(pairs, 1.0), updates / tf.maximum(pairs, 1.0)
+        updates, shape = tf.stop_gradient(updates), tf.shape(scores)
+        return prescribe_gradient(scores, value, lambda upstream: tf.scatter_nd(indices, upstream * updates, shape))
 
     def get_config(self):
         config = super().get_config()

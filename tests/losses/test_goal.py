@@ -371,7 +371,7 @@ def test_gradient_reaches_both_towers(text_rows):
         x, y = embed([images, texts])
         surrogate = tf.reduce_sum(tf.constant(w, tf.float32) * tf.matmul(x, y, transpose_b=True))
     expected = surrogate_tape.gradient(surrogate, embed.trainable_variables)
-    for g, e in zip(grads, expected):
+    for g, e in zip(grads, expected, strict=True):
         np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-6)
 
 
@@ -383,7 +383,7 @@ def test_model_fit_under_xla():
     before = [v.numpy().copy() for v in model.trainable_variables]
     history = model.fit(_dataset(images, texts, 8), epochs=1, verbose=0)
     assert np.isfinite(history.history["loss"]).all()
-    assert all(not np.allclose(b, v.numpy()) for b, v in zip(before, model.trainable_variables))
+    assert all(not np.allclose(b, v.numpy()) for b, v in zip(before, model.trainable_variables, strict=True))
 
 
 def test_mixed_precision_matches_float32():
@@ -398,7 +398,7 @@ def test_mixed_precision_matches_float32():
             value = loss(tf.eye(8), model([images, texts]))
         assert value.dtype == tf.float32
         grads.append(tape.gradient(value, model.trainable_variables))
-    for g32, g16 in zip(*grads):
+    for g32, g16 in zip(*grads, strict=True):
         np.testing.assert_allclose(tf.cast(g16, tf.float32), g32, rtol=0.05, atol=5e-3)
     # and model.fit under XLA with a loss-scaled optimizer (the custom gradient follows the loss scale)
     model.compile(tf.keras.optimizers.SGD(0.5), loss=loss, jit_compile=True)
