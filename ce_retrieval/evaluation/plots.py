@@ -47,15 +47,14 @@ def score_histograms(query_emb, doc_emb, num_queries: int = 1000, num_bins: int 
         lo, hi = min(lo, float(s.min())), max(hi, float(s.max()))
     if hi <= lo:
         hi = lo + 1e-6
-    edges = np.linspace(lo, hi, int(num_bins) + 1)
-    counts = np.zeros((len(rows), int(num_bins)), np.int64)
+    num_bins = int(min(int(num_bins), max(10, len(d) // 5)))  # a few documents per bin on small galleries
+    edges = np.linspace(lo, hi, num_bins + 1)
+    counts = np.zeros((len(rows), num_bins), np.int64)
     for r0 in range(0, len(rows), chunk):
         s = q[rows[r0 : r0 + chunk]] @ d.T
-        b = np.clip(np.searchsorted(edges, s, side="right") - 1, 0, int(num_bins) - 1)
-        offsets = np.arange(len(s))[:, None] * int(num_bins)
-        counts[r0 : r0 + len(s)] = np.bincount((b + offsets).ravel(), minlength=len(s) * int(num_bins)).reshape(
-            len(s), int(num_bins)
-        )
+        b = np.clip(((s - lo) * (num_bins / (hi - lo))).astype(np.int64), 0, num_bins - 1)  # uniform bins
+        offsets = np.arange(len(s))[:, None] * num_bins
+        counts[r0 : r0 + len(s)] = np.bincount((b + offsets).ravel(), minlength=len(s) * num_bins).reshape(len(s), num_bins)
     return edges, counts
 
 

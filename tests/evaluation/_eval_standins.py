@@ -87,7 +87,7 @@ class TwoTowerStandIn(tf.keras.Model):
             loss = tf.reduce_mean(tf.nn.softmax_cross_entropy_with_logits(target, logits))
             loss += tf.reduce_mean(tf.nn.softmax_cross_entropy_with_logits(tf.transpose(target), tf.transpose(logits)))
         grads = tape.gradient(loss, self.trainable_variables)
-        self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
+        self.optimizer.apply_gradients(zip(grads, self.trainable_variables, strict=True))
         return {"loss": loss}
 
 

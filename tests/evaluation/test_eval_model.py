@@ -12,8 +12,8 @@ from _eval_standins import COLOURS, TwoTowerStandIn, make_split, png, train_data
 import ce_retrieval.data
 import ce_retrieval.training
 from ce_retrieval import cli
-from ce_retrieval.evaluation.callback import RetrievalEvaluationCallback
 from ce_retrieval.evaluation.calibration import global_pr_auc
+from ce_retrieval.evaluation.callback import RetrievalEvaluationCallback
 from ce_retrieval.evaluation.embed import embed_split
 from ce_retrieval.evaluation.evaluate import dataset_fingerprint, evaluate_model
 from ce_retrieval.evaluation.retrieval import recall_at_k

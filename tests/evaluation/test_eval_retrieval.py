@@ -117,3 +117,22 @@ def test_bad_ks_and_shapes(rng):
         recall_with_distractors(d, d, np.arange(5), np.arange(5), np.zeros((3, 3)))
     with pytest.raises(ValueError, match="k must be"):
         exact_search(d, d, 0)
+
+
+def test_scann_searcher_plugs_in(rng):
+    from ce_retrieval.evaluation.ann import ScannSearch
+
+    d = rng.standard_normal((600, 16)).astype(np.float32)
+    d /= np.linalg.norm(d, axis=1, keepdims=True)
+    q = d + 0.3 * rng.standard_normal((600, 16)).astype(np.float32)
+    ids = np.arange(600)
+    brute = ScannSearch(d, brute_force=True)
+    idx, scores = brute(q, 10)
+    ref_idx, ref_scores = exact_search(q, d, 10)
+    assert (idx == ref_idx).mean() > 0.99
+    np.testing.assert_allclose(scores, ref_scores, rtol=1e-4, atol=1e-4)
+    tree = ScannSearch(d, num_leaves=24, num_leaves_to_search=12)
+    report = ann_recall_loss(q, d, ids, ids, tree, ks=(1, 10))
+    assert report["neighbour_recall"][10] > 0.7
+    assert abs(report["loss"][1]) < 0.1
+    assert recall_at_k(q, d, ids, ids, search_fn=brute)["t2i"] == pytest.approx(recall_at_k(q, d, ids, ids)["t2i"], abs=0.01)
