@@ -1,0 +1,65 @@
+"""Input checks and pair bookkeeping shared by the retrieval and calibration metrics.
+
+Embeddings arrive as NumPy arrays or tensors (any float dtype, e.g. float16 from a mixed-precision tower) and
+are scored as float32 dot products ``S = Q D^T``. Ids are rank-1 arrays; query i is relevant to document j iff
+``query_ids[i] == doc_ids[j]`` (ids may repeat on either side).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def as_embeddings(x, name: str) -> np.ndarray:
+    """A C-contiguous float32 ``[n, d]`` array with finite values, or a ValueError naming ``name``."""
+    if hasattr(x, "numpy"):
+        x = x.numpy()
+    arr = np.ascontiguousarray(np.asarray(x), dtype=np.float32)
+    if arr.ndim != 2:
+        raise ValueError(f"{name} must be a rank-2 [num, dim] embedding matrix, got shape {arr.shape}")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} contains NaN or infinite values")
+    return arr
+
+
+def as_ids(x, n: int, name: str) -> np.ndarray:
+    """A rank-1 id array of length ``n``, or a ValueError naming ``name``."""
+    if hasattr(x, "numpy"):
+        x = x.numpy()
+    arr = np.asarray(x)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be a rank-1 vector of ids, got shape {arr.shape}")
+    if len(arr) != n:
+        raise ValueError(f"{name} has {len(arr)} entries but the embeddings have {n} rows")
+    return arr
+
+
+def check_pair(query_emb, doc_emb, query_ids, doc_ids):
+    """Validated ``(Q, D, query_ids, doc_ids)``: float32 embeddings of one width and matching id vectors."""
+    q = as_embeddings(query_emb, "query_emb")
+    d = as_embeddings(doc_emb, "doc_emb")
+    if q.shape[1] != d.shape[1]:
+        raise ValueError(f"query_emb has dimension {q.shape[1]} but doc_emb has dimension {d.shape[1]}")
+    if len(q) == 0 or len(d) == 0:
+        raise ValueError(f"need at least one query and one document, got {len(q)} queries and {len(d)} documents")
+    qi = as_ids(query_ids, len(q), "query_ids")
+    di = as_ids(doc_ids, len(d), "doc_ids")
+    if qi.dtype.kind != di.dtype.kind and not (qi.dtype.kind in "iu" and di.dtype.kind in "iu"):
+        raise ValueError(f"query_ids ({qi.dtype}) and doc_ids ({di.dtype}) are of different kinds")
+    return q, d, qi, di
+
+
+def positive_pairs(query_ids: np.ndarray, doc_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """All relevant pairs ``(i, j)`` with ``query_ids[i] == doc_ids[j]``, sorted by i (a sort-merge join, O(N + M + P))."""
+    order = np.argsort(doc_ids, kind="stable")
+    sorted_ids = doc_ids[order]
+    start = np.searchsorted(sorted_ids, query_ids, side="left")
+    count = np.searchsorted(sorted_ids, query_ids, side="right") - start
+    rows = np.repeat(np.arange(len(query_ids), dtype=np.int64), count)
+    first = np.repeat(np.cumsum(count) - count, count)
+    cols = order[np.repeat(start, count) + (np.arange(len(rows), dtype=np.int64) - first)]
+    return rows, cols.astype(np.int64)
+
+
+def rows_per_block(num_cols: int, block_elements: int) -> int:
+    """How many query rows make a score block of about ``block_elements`` entries (at least one)."""
+    return max(1, int(block_elements) // max(1, int(num_cols)))

@@ -1,0 +1,198 @@
+"""Evaluate two towers on a retrieval split: every figure of the paper's Table 1 plus calibration, as one JSON.
+
+``evaluate_model`` embeds the split (captions -> queries, images -> documents), then computes
+
+* Recall@1/5/10 in both directions and rsum (exact search),
+* global average precision / PR-AUC, the best-F1 threshold and the thresholds for target precisions,
+* optionally Recall@1/5/10/100 text->image with distractor images appended to the gallery,
+* optionally the recall lost by an approximate searcher,
+
+and, given ``output_dir``, writes ``eval_<split>.json`` (figures, config, git commit, dataset fingerprint,
+run name) and the plots (``pr_curve_<split>.png``, ``score_distribution_<split>.png``,
+``retrieval_sheet_<split>.png``). Recall and PR figures are fractions in [0, 1]; reports print percentages.
+"""
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import subprocess
+import time
+
+import numpy as np
+
+from ce_retrieval.evaluation.calibration import global_pr_auc
+from ce_retrieval.evaluation.embed import embed_split, embed_strings
+from ce_retrieval.evaluation.retrieval import ann_recall_loss, recall_at_k, recall_with_distractors
+from ce_retrieval.evaluation.search import exact_search
+
+__all__ = ["dataset_fingerprint", "evaluate_embeddings", "evaluate_model", "git_commit"]
+
+SCHEMA_VERSION = 1
+
+
+def dataset_fingerprint(split) -> str:
+    """SHA-256 over the split's caption ids, captions, image ids and image bytes (identifies the exact test set)."""
+    h = hashlib.sha256()
+    h.update(np.asarray(split.caption_ids, np.int64).tobytes())
+    h.update(np.asarray(split.image_ids, np.int64).tobytes())
+    for caption in split.captions:
+        h.update(caption.encode("utf-8") if isinstance(caption, str) else bytes(caption))
+        h.update(b"\0")
+    for image in split.images:
+        h.update(hashlib.sha256(image).digest())
+    return h.hexdigest()
+
+
+def git_commit(path: str | None = None) -> str | None:
+    """The git commit of the source tree (``path`` defaults to this package), or None outside a checkout."""
+    where = path or os.path.dirname(os.path.abspath(__file__))
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def _jsonable(x):
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, float) and not np.isfinite(x):
+        return None
+    return x
+
+
+def evaluate_embeddings(
+    query_emb,
+    doc_emb,
+    query_ids,
+    doc_ids,
+    distractor_emb=None,
+    ks=(1, 5, 10),
+    distractor_ks=(1, 5, 10, 100),
+    ann_search_fn=None,
+) -> dict:
+    """All metrics from embeddings: ``{"recall", "calibration", "distractors" (or None), "ann" (or None)}``."""
+    metrics = {
+        "recall": recall_at_k(query_emb, doc_emb, query_ids, doc_ids, ks=ks),
+        "calibration": global_pr_auc(query_emb, doc_emb, query_ids, doc_ids),
+        "distractors": None,
+        "ann": None,
+    }
+    if distractor_emb is not None:
+        metrics["distractors"] = recall_with_distractors(query_emb, doc_emb, query_ids, doc_ids, distractor_emb, ks=distractor_ks)
+    if ann_search_fn is not None:
+        metrics["ann"] = ann_recall_loss(query_emb, doc_emb, query_ids, doc_ids, ann_search_fn, ks=distractor_ks)
+    return metrics
+
+
+def summary(metrics: dict) -> dict:
+    """Flat headline figures (fractions): ``pr_auc``, ``average_precision``, ``rsum``, ``t2i_r1`` ..., ``dis_t2i_r100``."""
+    out = {
+        "pr_auc": metrics["calibration"]["pr_auc"],
+        "average_precision": metrics["calibration"]["average_precision"],
+        "best_f1": metrics["calibration"]["best_f1"]["f1"],
+        "rsum": metrics["recall"]["rsum"],
+    }
+    for direction in ("t2i", "i2t"):
+        for k, v in metrics["recall"][direction].items():
+            out[f"{direction}_r{k}"] = v
+    if metrics.get("distractors"):
+        for k, v in metrics["distractors"]["t2i"].items():
+            out[f"dis_t2i_r{k}"] = v
+    return out
+
+
+def evaluate_model(
+    text_encoder,
+    image_encoder,
+    split,
+    distractor_images=None,
+    output_dir: str | None = None,
+    run_name: str = "run",
+    config: dict | None = None,
+    batch_size: int = 256,
+    ks=(1, 5, 10),
+    distractor_ks=(1, 5, 10, 100),
+    ann_search_fn=None,
+    plots: bool = True,
+    num_plot_queries: int = 1000,
+) -> dict:
+    """Embed ``split`` with the towers, compute every metric, and (with ``output_dir``) write the JSON and plots.
+
+    Args:
+      text_encoder, image_encoder: Keras models, ``[B] tf.string -> [B, d]`` (raw captions / encoded images).
+      split: a :class:`ce_retrieval.data.RetrievalSplit`.
+      distractor_images: encoded images relevant to no caption, appended to the gallery for Recall@1/5/10/100.
+      output_dir: where ``eval_<split>.json`` and the PNGs go (nothing is written when None).
+      run_name: groups several seeds of one configuration in ``ce-retrieval report``.
+      config: the experiment configuration (JSON-able dict) stored with the results.
+      ann_search_fn: optional approximate searcher over the split's images, to report its recall loss.
+
+    Returns the JSON document as a dict (``summary`` holds the headline figures).
+    """
+    start = time.perf_counter()
+    query_emb, doc_emb, query_ids, doc_ids = embed_split(text_encoder, image_encoder, split, batch_size)
+    distractor_emb = None
+    if distractor_images is not None and len(distractor_images):
+        distractor_emb = embed_strings(image_encoder, distractor_images, batch_size)
+    embed_seconds = time.perf_counter() - start
+    metrics = evaluate_embeddings(
+        query_emb, doc_emb, query_ids, doc_ids, distractor_emb, ks=ks, distractor_ks=distractor_ks, ann_search_fn=ann_search_fn
+    )
+    result = {
+        "schema_version": SCHEMA_VERSION,
+        "run_name": run_name,
+        "split": split.name,
+        "summary": summary(metrics),
+        "metrics": metrics,
+        "num_captions": len(split.captions),
+        "num_images": len(split.images),
+        "num_distractors": 0 if distractor_emb is None else len(distractor_emb),
+        "embedding_dim": int(query_emb.shape[1]),
+        "dataset_fingerprint": dataset_fingerprint(split),
+        "git_commit": git_commit(),
+        "config": config,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "seconds": {"embed": embed_seconds, "total": time.perf_counter() - start},
+        "files": {},
+    }
+    if output_dir is not None:
+        os.makedirs(output_dir, exist_ok=True)
+        if plots:
+            result["files"] = _write_plots(split, query_emb, doc_emb, metrics, output_dir, run_name, num_plot_queries)
+        path = os.path.join(output_dir, f"eval_{split.name}.json")
+        with open(path, "w") as f:
+            json.dump(_jsonable(result), f, indent=1)
+        result["files"]["json"] = path
+    return _jsonable(result)
+
+
+def _write_plots(split, query_emb, doc_emb, metrics, output_dir, run_name, num_plot_queries) -> dict:
+    from ce_retrieval.evaluation import plots
+
+    cal = metrics["calibration"]
+    threshold = cal["best_f1"]["threshold"]
+    files = {
+        "pr_curve": plots.plot_pr_curves(
+            {run_name: {**cal["curve"], "pr_auc": cal["pr_auc"]}},
+            os.path.join(output_dir, f"pr_curve_{split.name}.png"),
+            title=f"Global precision-recall, {split.name} ({cal['num_pairs']:,} pairs)",
+        ),
+        "score_distribution": plots.plot_score_distributions(
+            query_emb, doc_emb, os.path.join(output_dir, f"score_distribution_{split.name}.png"),
+            num_queries=num_plot_queries, title=f"{run_name}: score distribution per query ({split.name})", threshold=threshold,
+        ),
+    }
+    indices, scores = exact_search(query_emb, doc_emb, min(5, len(doc_emb)))
+    files["retrieval_sheet"] = plots.plot_retrieval_sheet(
+        split.captions, split.caption_ids, split.images, split.image_ids, indices, scores,
+        os.path.join(output_dir, f"retrieval_sheet_{split.name}.png"), threshold=threshold,
+        title=f"{run_name}: lowest (top) and highest (bottom) scoring queries, {split.name}",
+    )
+    return files

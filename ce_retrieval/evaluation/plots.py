@@ -1,0 +1,178 @@
+"""The paper's figures as PNG files (matplotlib, Agg backend, no display needed).
+
+* ``plot_score_distributions`` -- Figure 4 right: for up to 1,000 sampled queries, the number of documents at
+  each similarity value (a histogram drawn as a line per query), with the 5th and 95th percentile of that
+  count across the queries (90% of the queries lie between the two orange lines). A globally calibrated
+  model puts the curves of all queries in the same place; otherwise they spread left and right.
+* ``plot_pr_curves`` -- Figure 4 left: global precision-recall curves of several runs, AUC in the legend.
+* ``plot_retrieval_sheet`` -- Figure 5: sample queries with their top retrieved images and scores; ground truth
+  ticked, results scoring at least the calibrated threshold outlined in blue.
+"""
+from __future__ import annotations
+
+import io
+import os
+import textwrap
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from ce_retrieval.evaluation._arrays import as_embeddings  # noqa: E402
+
+__all__ = ["plot_pr_curves", "plot_retrieval_sheet", "plot_score_distributions", "select_sheet_queries"]
+
+_BLUE, _ORANGE, _GREEN = "#1f77b4", "#ff7f0e", "#2ca02c"
+
+
+def _save(fig, path: str) -> str:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def score_histograms(query_emb, doc_emb, num_queries: int = 1000, num_bins: int = 100, seed: int = 0):
+    """``(edges [B+1], counts [Q, B])``: per sampled query, how many documents fall in each score bin."""
+    q = as_embeddings(query_emb, "query_emb")
+    d = as_embeddings(doc_emb, "doc_emb")
+    rng = np.random.default_rng(seed)
+    rows = np.sort(rng.choice(len(q), size=min(int(num_queries), len(q)), replace=False))
+    chunk = max(1, (1 << 22) // len(d))
+    lo, hi = np.inf, -np.inf
+    for r0 in range(0, len(rows), chunk):
+        s = q[rows[r0 : r0 + chunk]] @ d.T
+        lo, hi = min(lo, float(s.min())), max(hi, float(s.max()))
+    if hi <= lo:
+        hi = lo + 1e-6
+    num_bins = int(min(int(num_bins), max(10, len(d) // 5)))  # a few documents per bin on small galleries
+    edges = np.linspace(lo, hi, num_bins + 1)
+    counts = np.zeros((len(rows), num_bins), np.int64)
+    for r0 in range(0, len(rows), chunk):
+        s = q[rows[r0 : r0 + chunk]] @ d.T
+        b = np.clip(((s - lo) * (num_bins / (hi - lo))).astype(np.int64), 0, num_bins - 1)  # uniform bins
+        offsets = np.arange(len(s))[:, None] * num_bins
+        counts[r0 : r0 + len(s)] = np.bincount((b + offsets).ravel(), minlength=len(s) * num_bins).reshape(len(s), num_bins)
+    return edges, counts
+
+
+def plot_score_distributions(
+    query_emb,
+    doc_emb,
+    path: str,
+    num_queries: int = 1000,
+    num_bins: int = 100,
+    seed: int = 0,
+    title: str = "Score distribution per query",
+    threshold: float | None = None,
+) -> str:
+    """Figure 4 (right) for one model; returns ``path``."""
+    edges, counts = score_histograms(query_emb, doc_emb, num_queries, num_bins, seed)
+    centers = (edges[:-1] + edges[1:]) / 2
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    alpha = float(np.clip(20.0 / len(counts), 0.03, 0.6))
+    ax.plot(centers, counts.T, color=_BLUE, alpha=alpha, linewidth=0.7)
+    p5, p95 = np.percentile(counts, [5, 95], axis=0)
+    ax.plot(centers, p5, color=_ORANGE, linewidth=2, label="5th percentile")
+    ax.plot(centers, p95, color=_ORANGE, linewidth=2, linestyle="--", label="95th percentile")
+    if threshold is not None:
+        ax.axvline(threshold, color="k", linewidth=1, linestyle=":", label=f"best-F1 threshold {threshold:.3f}")
+    ax.set_yscale("symlog", linthresh=1.0)
+    ax.set_xlabel("similarity score to the query")
+    ax.set_ylabel("number of documents (symlog)")
+    ax.set_title(f"{title}\n{len(counts)} queries x {int(counts[0].sum())} documents")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper right", fontsize=8)
+    return _save(fig, path)
+
+
+def plot_pr_curves(curves: dict, path: str, title: str = "Global precision-recall over all query x document pairs") -> str:
+    """Figure 4 (left). ``curves``: ``{label: {"recall": [...], "precision": [...], "pr_auc": float (optional)}}``
+    or ``{label: [such dicts]}`` for several seeds of one run (drawn in one colour)."""
+    if not curves:
+        raise ValueError("plot_pr_curves: no curves given")
+    fig, ax = plt.subplots(figsize=(6, 5))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (label, runs) in enumerate(curves.items()):
+        runs = runs if isinstance(runs, list | tuple) else [runs]
+        aucs = [r["pr_auc"] for r in runs if r.get("pr_auc") is not None]
+        name = f"{label} (AUC {100 * np.mean(aucs):.2f})" if aucs else str(label)
+        for j, run in enumerate(runs):
+            ax.plot(run["recall"], run["precision"], color=colors[i % len(colors)], linewidth=1.5,
+                    alpha=1.0 if len(runs) == 1 else 0.6, label=name if j == 0 else None)
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("recall")
+    ax.set_ylabel("precision")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper right", fontsize=8)
+    return _save(fig, path)
+
+
+def select_sheet_queries(top_scores: np.ndarray, num_low: int = 3, num_high: int = 3) -> np.ndarray:
+    """Queries like the paper's Figure 5: those with the lowest and with the highest top-1 score."""
+    order = np.argsort(np.asarray(top_scores), kind="stable")
+    low, high = order[: int(num_low)], order[::-1][: int(num_high)]
+    return np.concatenate([low, high[~np.isin(high, low)]])
+
+
+def _thumbnail(data: bytes, size: int):
+    from PIL import Image
+
+    try:
+        img = Image.open(io.BytesIO(data)).convert("RGB")
+    except Exception:  # an undecodable image is shown as grey rather than failing the report
+        return np.full((size, size, 3), 128, np.uint8)
+    img.thumbnail((size, size))
+    return np.asarray(img)
+
+
+def plot_retrieval_sheet(
+    captions,
+    query_ids,
+    images,
+    doc_ids,
+    indices,
+    scores,
+    path: str,
+    rows=None,
+    threshold: float | None = None,
+    top_k: int = 5,
+    thumb_size: int = 96,
+    title: str = "Queries and their top retrieved images",
+) -> str:
+    """Figure 5: one row per query (caption on the left), its ``top_k`` retrieved images with scores.
+
+    ``indices``/``scores`` are a search result ``[N, >=top_k]`` over ``images`` (index -1: none); ``rows``
+    picks the queries (default :func:`select_sheet_queries`). Ground truth is ticked in green; images scoring
+    at least ``threshold`` get a blue frame.
+    """
+    indices, scores = np.asarray(indices), np.asarray(scores)
+    query_ids, doc_ids = np.asarray(query_ids), np.asarray(doc_ids)
+    top_k = min(int(top_k), indices.shape[1])
+    rows = select_sheet_queries(scores[:, 0]) if rows is None else np.asarray(rows)
+    fig, axes = plt.subplots(len(rows), top_k, figsize=(1.7 * top_k + 2.2, 1.9 * len(rows)), squeeze=False)
+    for r, qi in enumerate(rows):
+        for c in range(top_k):
+            ax = axes[r, c]
+            ax.set_xticks([])
+            ax.set_yticks([])
+            j = int(indices[qi, c])
+            if j < 0 or j >= len(images):
+                ax.set_axis_off()
+                continue
+            ax.imshow(_thumbnail(images[j], thumb_size))
+            relevant = j < len(doc_ids) and doc_ids[j] == query_ids[qi]
+            above = threshold is not None and scores[qi, c] >= threshold
+            label = f"{scores[qi, c]:.3f}" + ("  \u2713 GT" if relevant else "")
+            ax.set_title(label, fontsize=8, color=_GREEN if relevant else "black", fontweight="bold" if relevant else None)
+            for spine in ax.spines.values():
+                spine.set_edgecolor(_BLUE if above else "#cccccc")
+                spine.set_linewidth(4 if above else 1)
+        axes[r, 0].set_ylabel(textwrap.fill(str(captions[qi]), 26), fontsize=8, rotation=0, ha="right", va="center")
+    note = f"blue frame: score >= {threshold:.3f} (calibrated threshold)" if threshold is not None else ""
+    fig.suptitle(f"{title}\nGT = ground truth. {note}", fontsize=10)
+    return _save(fig, path)
