@@ -61,7 +61,7 @@ class Metrics:
             lines += ["# HELP ce_request_seconds Request latency in seconds.", "# TYPE ce_request_seconds histogram"]
             for path, counts in sorted(self._hist.items()):
                 running = 0
-                for bound, c in zip(self.buckets, counts, strict=True):
+                for bound, c in zip(self.buckets, counts[:-1], strict=True):
                     running += c
                     lines.append(f"ce_request_seconds_bucket{_labels(path=path, le=format(bound, 'g'))} {running}")
                 running += counts[-1]

@@ -69,3 +69,40 @@ def captions(n, seed=0):
 @pytest.fixture
 def towers():
     return make_towers()
+
+
+def clustered_unit_vectors(n, dim, num_clusters=40, spread=0.35, seed=0):
+    """Unit vectors around random cluster centres (like embeddings of a gallery of related images)."""
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(size=(num_clusters, dim))
+    x = centers[rng.integers(0, num_clusters, n)] / np.sqrt(dim) + spread * rng.normal(size=(n, dim)) / np.sqrt(dim)
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+GALLERY_SIZE = 300
+THRESHOLDS = {"0.5": 0.2, "0.8": 0.5, "0.9": 0.7}
+
+
+@pytest.fixture(scope="session")
+def base_export(tmp_path_factory):
+    """Version 1 of an export of the stand-in towers, with a brute-force index of 300 images. Read-only:
+    tests that change an export work on ``export_copy``."""
+    from ce_retrieval.serving.export import embed_with_keras, export_encoders
+    from ce_retrieval.serving.index import build_index
+
+    root = str(tmp_path_factory.mktemp("export"))
+    text, image = make_towers(seed=0)
+    export_encoders(text, image, root, metadata={"test": True}, logit_scale=20.0)
+    gallery = png_images(GALLERY_SIZE, seed=5)
+    ids = np.arange(GALLERY_SIZE, dtype=np.int64) * 7 + 1000
+    build_index(embed_with_keras(image, gallery), ids, root, 1, thresholds=THRESHOLDS)
+    return {"dir": root, "text": text, "image": image, "gallery": gallery, "ids": ids}
+
+
+@pytest.fixture
+def export_copy(base_export, tmp_path):
+    import shutil
+
+    dst = str(tmp_path / "export")
+    shutil.copytree(base_export["dir"], dst)
+    return dst
