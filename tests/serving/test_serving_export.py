@@ -93,8 +93,8 @@ def test_fresh_process_reload_equals_keras_with_rest_requests(base_export, tmp_p
         np.testing.assert_allclose(np.load(tmp_path / f"image_encoder_{name}.npy"), want_image, atol=1e-5, rtol=0)
     np.testing.assert_allclose(np.linalg.norm(want_image, axis=1), 1.0, atol=1e-5)
     sig = result["image_signature"]
-    assert "inputs['image_bytes'] tensor_info:\n    dtype: DT_STRING\n    shape: (-1)" in sig, sig
-    assert "outputs['embedding'] tensor_info:\n    dtype: DT_FLOAT\n    shape: (-1, 16)" in sig, sig
+    assert "inputs['image_bytes'] tensor_info:\n      dtype: DT_STRING\n      shape: (-1)" in sig, sig
+    assert "outputs['embedding'] tensor_info:\n      dtype: DT_FLOAT\n      shape: (-1, 16)" in sig, sig
     assert "Method name is: tensorflow/serving/predict" in sig
 
 
