@@ -99,37 +99,29 @@ def threshold_search(queries: np.ndarray, gallery: np.ndarray, threshold: float,
     """Exact: for each query, rows of ``gallery`` with ``q.x >= threshold``, sorted by score (descending).
 
     Returns ``(rows, scores, scored)`` where ``scored`` counts the exact dot products computed (for stats).
-    Without partitions the whole gallery is scored (chunked, bounded memory).
+    With partitions, each leaf is scored only against the queries whose bounds admit it; without, the whole
+    gallery is scored (chunked, bounded memory).
     """
     queries = np.asarray(queries, dtype=np.float32)
     rows: list[np.ndarray] = []
     scores: list[np.ndarray] = []
     scored = 0
-    offsets = np.array([0, len(gallery)]) if partitions is None else partitions.offsets
     for b in range(0, len(queries), query_batch):
         q = queries[b:b + query_batch]
-        if partitions is None:
-            leaves = np.array([0])
-        else:
-            leaves = np.flatnonzero(partitions.candidate_leaves(q, threshold).any(axis=0))
         hit_q, hit_row, hit_s = [], [], []
-        # merge consecutive leaves into runs, then score runs in chunks of at most 65,536 rows
-        starts, ends = offsets[leaves], offsets[leaves + 1]
-        if len(leaves):
-            breaks = np.flatnonzero(starts[1:] != ends[:-1]) + 1
-            run_starts = starts[np.concatenate([[0], breaks])]
-            run_ends = ends[np.concatenate([breaks - 1, [len(leaves) - 1]])]
-        else:
-            run_starts = run_ends = np.zeros(0, dtype=np.int64)
-        for s0, e0 in zip(run_starts.tolist(), run_ends.tolist(), strict=True):
-            for s in range(s0, e0, 65536):
-                e = min(e0, s + 65536)
-                block = q @ gallery[s:e].T
-                scored += block.size
-                qi, ri = np.nonzero(block >= threshold)
-                hit_q.append(qi)
-                hit_row.append(ri + s)
-                hit_s.append(block[qi, ri])
+        if partitions is None:  # brute force, chunked
+            work = [(np.arange(len(q)), s, min(len(gallery), s + 65536)) for s in range(0, len(gallery), 65536)]
+        else:  # each surviving (leaf, queries) pair: only the queries whose bounds admit the leaf
+            cand = partitions.candidate_leaves(q, threshold)
+            work = [(np.flatnonzero(cand[:, leaf]), partitions.offsets[leaf], partitions.offsets[leaf + 1])
+                    for leaf in np.flatnonzero(cand.any(axis=0))]
+        for qi, s, e in work:
+            block = q[qi] @ gallery[s:e].T
+            scored += block.size
+            bi, ri = np.nonzero(block >= threshold)
+            hit_q.append(qi[bi])
+            hit_row.append(ri + s)
+            hit_s.append(block[bi, ri])
         hq = np.concatenate(hit_q) if hit_q else np.zeros(0, np.int64)
         hr = np.concatenate(hit_row) if hit_row else np.zeros(0, np.int64)
         hs = np.concatenate(hit_s) if hit_s else np.zeros(0, np.float32)
