@@ -1,0 +1,303 @@
+"""HTTP JSON retrieval service over an export (CLI ``ce-retrieval serve``), built on FastAPI + uvicorn.
+
+    POST /search   {"texts": ["a dog on a beach"], "k": 10}          top-k images per text
+                   {"texts": [...], "threshold": 0.62}               every image with cosine score >= 0.62
+                   {"texts": [...], "precision": 0.9}                threshold calibrated for precision 0.9
+                   optional "limit": cap on threshold hits per text (best first, "truncated": true if cut)
+    GET  /healthz  200 {"status": "ok", "version": v, ...} once a version is loaded, else 503
+    GET  /metrics  Prometheus text: request counts, latency histogram, served version, reloads
+    POST /admin/reload  look for a newer version now (the watcher also polls every ``reload_interval`` s)
+
+Robustness: the body is read in chunks and refused past ``max_body_bytes`` (413); it must be UTF-8 (400)
+JSON (400) of the documented shape (422, with the reason); each search runs in a worker thread under a
+deadline (504 when exceeded). The artefacts are loaded once per version. When a newer complete version
+(encoders + index) appears, it is loaded in the background and swapped in with one reference assignment:
+requests already running keep the searcher they started with, new ones get the new one, none is dropped.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import os
+import threading
+import time
+
+from ce_retrieval.serving import layout
+from ce_retrieval.serving.metrics import Metrics
+
+log = logging.getLogger("ce_retrieval.serving")
+SEARCH_FIELDS = {"texts", "k", "threshold", "precision", "limit"}
+
+
+class RequestError(Exception):
+    def __init__(self, status: int, reason: str):
+        super().__init__(reason)
+        self.status, self.reason = status, reason
+
+
+class SearcherHolder:
+    """Holds the current :class:`Searcher`; ``reload()`` loads a newer version and swaps it in atomically."""
+
+    def __init__(self, export_dir: str, metrics: Metrics, loader=None):
+        from ce_retrieval.serving.searcher import Searcher
+
+        self.export_dir = os.path.abspath(export_dir)
+        self.metrics, self._loader = metrics, loader or Searcher.load
+        self.searcher = None  # read without a lock: a reference read is atomic
+        self._reload_lock = threading.Lock()
+        self._failed: set[int] = set()
+        self.last_error: str | None = None
+
+    def reload(self) -> bool:
+        """Loads the newest servable version if it is newer than the current one; True if swapped."""
+        with self._reload_lock:
+            candidates = [v for v in layout.servable_versions(self.export_dir) if v not in self._failed]
+            current = None if self.searcher is None else self.searcher.version
+            if not candidates or (current is not None and candidates[-1] <= current):
+                return False
+            version = candidates[-1]
+            try:
+                new = self._loader(self.export_dir, version)
+            except Exception as exc:  # keep serving the old version; do not retry a broken one forever
+                self._failed.add(version)
+                self.last_error = f"version {version}: {exc}"
+                self.metrics.inc("ce_reload_failures_total")
+                log.error("could not load version %s of %s: %s", version, self.export_dir, exc)
+                return False
+            self.searcher = new  # the atomic swap
+            self.metrics.inc("ce_reloads_total")
+            self.metrics.set("ce_served_version", version)
+            self.metrics.set("ce_gallery_size", len(new.index))
+            log.info("serving version %s (%d gallery items)", version, len(new.index))
+            return True
+
+
+def _parse_search(body: bytes, searcher, limits: dict) -> dict:
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RequestError(400, f"request body is not valid UTF-8 (byte {exc.start})") from None
+    try:
+        req = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RequestError(400, f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    if not isinstance(req, dict):
+        raise RequestError(422, "the body must be a JSON object")
+    unknown = sorted(set(req) - SEARCH_FIELDS)
+    if unknown:
+        raise RequestError(422, f"unknown field(s): {', '.join(unknown)}; allowed: {', '.join(sorted(SEARCH_FIELDS))}")
+    texts = req.get("texts")
+    if not isinstance(texts, list) or not texts:
+        raise RequestError(422, "'texts' must be a non-empty list of strings")
+    if len(texts) > limits["max_texts"]:
+        raise RequestError(422, f"too many texts: {len(texts)} > {limits['max_texts']}")
+    for i, t in enumerate(texts):
+        if not isinstance(t, str):
+            raise RequestError(422, f"texts[{i}] must be a string")
+        if not t.strip():
+            raise RequestError(422, f"texts[{i}] is empty")
+        if len(t) > limits["max_text_chars"]:
+            raise RequestError(422, f"texts[{i}] is longer than {limits['max_text_chars']} characters")
+        try:
+            t.encode("utf-8")
+        except UnicodeEncodeError:
+            raise RequestError(422, f"texts[{i}] is not valid UTF-8 (lone surrogate escape)") from None
+    modes = [m for m in ("k", "threshold", "precision") if req.get(m) is not None]
+    if len(modes) > 1:
+        raise RequestError(422, f"give only one of k, threshold, precision (got {', '.join(modes)})")
+    mode = modes[0] if modes else "k"
+    value = req.get(mode, limits["default_k"])
+
+    def number(name, v):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise RequestError(422, f"'{name}' must be a finite number")
+        return v
+
+    out = {"texts": texts, "k": None, "threshold": None, "precision": None, "limit": limits["max_results"]}
+    if mode == "k":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise RequestError(422, "'k' must be an integer")
+        if not 1 <= value <= limits["max_k"]:
+            raise RequestError(422, f"k out of range: {value} not in [1, {limits['max_k']}]")
+        out["k"] = value
+    elif mode == "threshold":
+        value = float(number("threshold", value))
+        if not -1.0 <= value <= 1.0:
+            raise RequestError(422, f"threshold out of range: {value} not in [-1, 1] (cosine score)")
+        out["threshold"] = value
+    else:
+        value = float(number("precision", value))
+        if value not in searcher.thresholds:
+            levels = ", ".join(format(p, "g") for p in sorted(searcher.thresholds)) or "none"
+            raise RequestError(422, f"no calibrated threshold for precision {value:g}; available: {levels}")
+        out["precision"] = value
+    if req.get("limit") is not None:
+        lim = req["limit"]
+        if isinstance(lim, bool) or not isinstance(lim, int) or not 1 <= lim <= limits["max_results"]:
+            raise RequestError(422, f"'limit' must be an integer in [1, {limits['max_results']}]")
+        out["limit"] = lim
+    return out
+
+
+def create_app(export_dir: str, *, max_texts: int = 64, max_k: int = 1000, max_results: int = 1000,
+               max_text_chars: int = 2000, max_body_bytes: int = 1 << 20, timeout_s: float = 5.0,
+               reload_interval_s: float = 10.0, max_concurrency: int = 8, default_k: int = 10, loader=None):
+    """The FastAPI application; artefacts load at start-up and reload when a newer version appears."""
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse, PlainTextResponse
+    from starlette.concurrency import run_in_threadpool
+
+    metrics = Metrics()
+    holder = SearcherHolder(export_dir, metrics, loader)
+    limits = {"max_texts": max_texts, "max_k": max_k, "max_results": max_results, "max_text_chars": max_text_chars,
+              "default_k": default_k}
+    stop = threading.Event()
+
+    def watch():
+        while not stop.wait(reload_interval_s):
+            with contextlib.suppress(Exception):
+                holder.reload()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        await run_in_threadpool(holder.reload)
+        watcher = threading.Thread(target=watch, name="ce-retrieval-reload", daemon=True)
+        if reload_interval_s > 0:
+            watcher.start()
+        try:
+            yield
+        finally:
+            stop.set()
+
+    app = FastAPI(title="ce_retrieval", version=__import__("ce_retrieval").__version__, lifespan=lifespan)
+    app.state.holder, app.state.metrics = holder, metrics
+    gate = asyncio.Semaphore(max_concurrency)
+
+    @app.middleware("http")
+    async def observe(request: Request, call_next):
+        start = time.perf_counter()
+        metrics.add("ce_in_flight_requests", 1)
+        try:
+            response = await call_next(request)
+        finally:
+            metrics.add("ce_in_flight_requests", -1)
+        path = request.url.path if request.url.path in {"/search", "/healthz", "/metrics", "/admin/reload"} else "other"
+        metrics.observe(path, response.status_code, time.perf_counter() - start)
+        return response
+
+    def error(status: int, reason: str):
+        return JSONResponse({"error": reason, "status": status}, status_code=status)
+
+    @app.post("/search")
+    async def search(request: Request):
+        searcher = holder.searcher  # pinned for this request: a concurrent reload does not affect it
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
+            return error(413, f"request body of {declared} bytes exceeds the limit of {max_body_bytes}")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_body_bytes:
+                return error(413, f"request body exceeds the limit of {max_body_bytes} bytes")
+            chunks.append(chunk)
+        if searcher is None:
+            return error(503, "no servable version loaded yet")
+        try:
+            req = _parse_search(b"".join(chunks), searcher, limits)
+        except RequestError as exc:
+            return error(exc.status, exc.reason)
+        start = time.perf_counter()
+        async def run_search():
+            async with gate:
+                return await run_in_threadpool(searcher.search, req["texts"], req["k"], threshold=req["threshold"],
+                                               precision=req["precision"], limit=req["limit"])
+
+        try:
+            results = await asyncio.wait_for(run_search(), timeout_s)
+        except asyncio.TimeoutError:
+            metrics.inc("ce_search_timeouts_total")
+            return error(504, f"search did not finish within {timeout_s:g} s")
+        payload = {"version": searcher.version, "took_ms": round(1000 * (time.perf_counter() - start), 3),
+                   "results": [dict(text=t, **r.to_json()) for t, r in zip(req["texts"], results, strict=True)]}
+        if req["k"] is not None:
+            payload["k"] = req["k"]
+        else:
+            payload["threshold"] = req["threshold"] if req["precision"] is None else searcher.threshold_for_precision(req["precision"])
+            if req["precision"] is not None:
+                payload["precision"] = req["precision"]
+        return JSONResponse(payload)
+
+    @app.get("/healthz")
+    async def healthz():
+        s = holder.searcher
+        if s is None:
+            return JSONResponse({"status": "loading", "error": holder.last_error}, status_code=503)
+        return {"status": "ok", "version": s.version, "gallery_size": len(s.index), "index": s.index.manifest["kind"],
+                "embedding_dim": s.index.dim, "calibrated_precisions": sorted(s.thresholds), "last_error": holder.last_error}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.post("/admin/reload")
+    async def reload():
+        swapped = await run_in_threadpool(holder.reload)
+        s = holder.searcher
+        return {"reloaded": swapped, "version": None if s is None else s.version, "last_error": holder.last_error}
+
+    return app
+
+
+@contextlib.contextmanager
+def serve_in_thread(app, host: str = "127.0.0.1", port: int = 0, startup_timeout_s: float = 60.0):
+    """Runs ``app`` with uvicorn in a background thread; yields the base URL; stops the server on exit."""
+    import socket
+
+    import uvicorn
+
+    if port == 0:
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, name="ce-retrieval-uvicorn", daemon=True)
+    thread.start()
+    deadline = time.time() + startup_timeout_s
+    while not server.started:
+        if not thread.is_alive() or time.time() > deadline:
+            server.should_exit = True
+            raise RuntimeError("the retrieval service did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+# ----------------------------------------------------------------------------------------------------- CLI
+def add_arguments(parser) -> None:
+    parser.add_argument("--export_dir", required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--reload_interval", type=float, default=10.0, help="seconds between checks for a new version (0: off)")
+    parser.add_argument("--timeout", type=float, default=5.0, help="per-request search deadline in seconds")
+    parser.add_argument("--max_texts", type=int, default=64)
+    parser.add_argument("--max_k", type=int, default=1000)
+    parser.add_argument("--max_results", type=int, default=1000, help="cap on threshold hits per text")
+    parser.add_argument("--max_body_bytes", type=int, default=1 << 20)
+    parser.add_argument("--max_concurrency", type=int, default=8, help="searches running at once")
+
+
+def run(args) -> int:
+    import uvicorn
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = create_app(args.export_dir, max_texts=args.max_texts, max_k=args.max_k, max_results=args.max_results,
+                     max_body_bytes=args.max_body_bytes, timeout_s=args.timeout, reload_interval_s=args.reload_interval,
+                     max_concurrency=args.max_concurrency)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=30)
+    return 0
