@@ -8,11 +8,11 @@ import sys
 import time
 
 import pytest
+from tiny import TINY_OVERRIDE
 
 from ce_retrieval import configs
 from ce_retrieval.training import load_trained, train
 from ce_retrieval.training.cli import resolve_config
-from tests.training.tiny import TINY_OVERRIDE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
