@@ -1,0 +1,184 @@
+"""Text tower: raw UTF-8 captions -> WordPiece ids (in the graph) -> BERT -> [CLS] -> W x -> x / ||x||.
+
+    e_text = normalize(W h_[CLS]),   h = BERT(pack([CLS] wordpiece(caption)[:L-2] [SEP]), L = 32),  W in R^{d x H}
+
+as in Veit & Wilber (2020) §4.1: the 768-d [CLS] vector of BERT-base, reduced to d = 128 "without any bias or
+activation". Tokenisation runs inside the graph (tensorflow-text ``BertTokenizer`` + Model Garden's packing), so
+the exported encoder takes raw strings and needs ``import tensorflow_text`` wherever it is loaded.
+
+The tower is built as three Keras objects sharing weights (see :class:`Tower`): the ``preprocessor`` (strings ->
+int32 ``input_word_ids / input_mask / input_type_ids`` [B, L]), the ``core`` (that dict -> unit embeddings,
+the XLA-compilable part) and the ``encoder`` (strings -> embeddings = core(preprocessor(strings))).
+"""
+from __future__ import annotations
+
+import os
+import typing
+
+import tensorflow as tf
+import tensorflow_text as tf_text
+from official.nlp.modeling import layers as nlp_layers
+from official.nlp.modeling import networks
+
+from ce_retrieval.modeling.config import TextTowerConfig
+from ce_retrieval.modeling.layers import L2Normalize
+
+SPECIAL_TOKENS = {"start_of_sequence_id": "[CLS]", "end_of_segment_id": "[SEP]", "padding_id": "[PAD]"}
+BERT_INPUT_KEYS = ("input_word_ids", "input_mask", "input_type_ids")
+
+
+class Tower(typing.NamedTuple):
+    """One tower as three weight-sharing parts: raw input -> preprocessor -> core -> unit embedding."""
+
+    preprocessor: tf.keras.layers.Layer
+    core: tf.keras.Model
+    encoder: tf.keras.Model
+
+
+def read_vocab(vocab_path: str) -> list[str]:
+    """The tokens of a WordPiece vocab file (one per line); checks that the BERT special tokens are there."""
+    if not vocab_path or not tf.io.gfile.exists(vocab_path):
+        raise FileNotFoundError(f"text tower: WordPiece vocab file not found: {vocab_path!r}")
+    with tf.io.gfile.GFile(vocab_path, "r") as f:
+        tokens = [line.rstrip("\n").rstrip("\r") for line in f]
+    while tokens and not tokens[-1]:
+        tokens.pop()
+    missing = [t for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]") if t not in tokens]
+    if missing:
+        raise ValueError(f"text tower: vocab file {vocab_path!r} lacks the special tokens {missing}")
+    return tokens
+
+
+@tf.keras.utils.register_keras_serializable(package="ce_retrieval")
+class TextPreprocessor(tf.keras.layers.Layer):
+    """Raw strings [B] -> BERT inputs: WordPiece (lower-cased), truncated to ``seq_length - 2``, packed as
+    ``[CLS] tokens [SEP] [PAD]...``; returns int32 ``input_word_ids``, ``input_mask``, ``input_type_ids`` [B, L]."""
+
+    def __init__(self, vocab_file: str, seq_length: int = 32, lower_case: bool = True, **kwargs):
+        kwargs.setdefault("trainable", False)
+        super().__init__(**kwargs)
+        self.vocab_file = vocab_file
+        self.seq_length = int(seq_length)
+        self.lower_case = bool(lower_case)
+        tokens = read_vocab(vocab_file)
+        self.vocab_size = len(tokens)
+        self.special_ids = {key: tokens.index(tok) for key, tok in SPECIAL_TOKENS.items()}
+        initializer = tf.lookup.TextFileInitializer(
+            vocab_file,
+            key_dtype=tf.string,
+            key_index=tf.lookup.TextFileIndex.WHOLE_LINE,
+            value_dtype=tf.int64,
+            value_index=tf.lookup.TextFileIndex.LINE_NUMBER,
+        )
+        self._table = tf.lookup.StaticHashTable(initializer, default_value=-1)
+        self._tokenizer = tf_text.BertTokenizer(self._table, lower_case=self.lower_case, token_out_type=tf.int64)
+
+    def call(self, inputs):
+        strings = tf.convert_to_tensor(inputs)
+        if strings.dtype != tf.string:
+            raise TypeError(f"TextPreprocessor expects a tf.string batch of captions, got dtype {strings.dtype.name}")
+        if strings.shape.rank is not None and strings.shape.rank != 1:
+            raise ValueError(f"TextPreprocessor expects a rank-1 batch of captions [B], got shape {strings.shape}")
+        batch_size = tf.shape(strings)[0]
+        pieces = self._tokenizer.tokenize(strings)  # [B, (words), (pieces)] int64
+        # Reshape row splits to a static batch size (works around ragged shape inference in Keras graphs).
+        pieces = pieces.merge_dims(1, -1)
+        pieces = tf.RaggedTensor.from_row_splits(tf.cast(pieces.values, tf.int32), tf.reshape(pieces.row_splits, [batch_size + 1]))
+        packed = nlp_layers.BertPackInputs.bert_pack_inputs(
+            [pieces], self.seq_length, truncator="waterfall", **self.special_ids
+        )
+        return {key: tf.ensure_shape(tf.cast(packed[key], tf.int32), [None, self.seq_length]) for key in BERT_INPUT_KEYS}
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "vocab_file": self.vocab_file,
+            "seq_length": self.seq_length,
+            "lower_case": self.lower_case,
+        }
+
+
+def _cls_from_outputs(outputs, cls_source: str, where: str):
+    if not isinstance(outputs, dict):
+        raise TypeError(f"{where}: the text encoder must return a dict with 'sequence_output' / 'pooled_output'")
+    if cls_source == "pooled":
+        if "pooled_output" not in outputs:
+            raise KeyError(f"{where}: encoder outputs have no 'pooled_output' (keys: {sorted(outputs)})")
+        return outputs["pooled_output"]
+    if "sequence_output" not in outputs:
+        raise KeyError(f"{where}: encoder outputs have no 'sequence_output' (keys: {sorted(outputs)})")
+    return outputs["sequence_output"][:, 0, :]
+
+
+def build_bert_encoder(cfg: TextTowerConfig, vocab_size: int) -> tf.keras.layers.Layer:
+    """Model Garden ``BertEncoderV2`` of the configured size, restored from ``cfg.init_checkpoint`` if set."""
+    if cfg.max_seq_length > cfg.max_position_embeddings:
+        raise ValueError(
+            f"text.max_seq_length ({cfg.max_seq_length}) exceeds text.max_position_embeddings "
+            f"({cfg.max_position_embeddings})"
+        )
+    encoder = networks.BertEncoderV2(
+        vocab_size=vocab_size,
+        hidden_size=cfg.hidden_size,
+        num_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_attention_heads,
+        inner_dim=cfg.intermediate_size,
+        inner_activation=tf.keras.activations.get(cfg.hidden_activation)
+        if cfg.hidden_activation != "gelu"
+        else (lambda x: tf.keras.activations.gelu(x, approximate=True)),
+        output_dropout=cfg.dropout_rate,
+        attention_dropout=cfg.attention_dropout_rate,
+        max_sequence_length=cfg.max_position_embeddings,
+        type_vocab_size=cfg.type_vocab_size,
+        name="bert_encoder",
+    )
+    if cfg.init_checkpoint:
+        dummy = tf.zeros([1, cfg.max_seq_length], tf.int32)
+        encoder(dict(input_word_ids=dummy, input_mask=tf.ones_like(dummy), input_type_ids=dummy))
+        path = cfg.init_checkpoint
+        if tf.io.gfile.isdir(path):
+            path = tf.train.latest_checkpoint(path)
+            if path is None:
+                raise FileNotFoundError(f"text.init_checkpoint: no checkpoint in directory {cfg.init_checkpoint!r}")
+        status = tf.train.Checkpoint(encoder=encoder).read(path)
+        status.expect_partial().assert_existing_objects_matched()
+    return encoder
+
+
+def build_hub_encoder(cfg: TextTowerConfig) -> tf.keras.layers.Layer:
+    """``hub.KerasLayer`` for a TF-Hub URL or a local SavedModel directory with BERT dict inputs/outputs."""
+    import tensorflow_hub as hub
+
+    return hub.KerasLayer(cfg.hub_handle, trainable=cfg.trainable, name="hub_text_encoder")
+
+
+def default_hub_vocab(handle: str) -> str | None:
+    """``<handle>/assets/vocab.txt`` for a local SavedModel that ships its vocab (TF-Hub BERT exports do)."""
+    path = os.path.join(handle, "assets", "vocab.txt")
+    return path if tf.io.gfile.exists(path) else None
+
+
+def build_text_tower(cfg: TextTowerConfig, embedding_dim: int, vocab_path: str | None) -> Tower:
+    """Builds the text :class:`Tower` (preprocessor, core, encoder) for ``cfg``."""
+    if vocab_path is None and cfg.kind == "hub":
+        vocab_path = default_hub_vocab(cfg.hub_handle)
+    if vocab_path is None:
+        raise ValueError("text tower: a WordPiece vocab file is required (vocab_path=None)")
+    preprocessor = TextPreprocessor(vocab_path, cfg.max_seq_length, cfg.lower_case, name="text_preprocessor")
+
+    encoder_layer = build_bert_encoder(cfg, preprocessor.vocab_size) if cfg.kind == "bert" else build_hub_encoder(cfg)
+    encoder_layer.trainable = cfg.trainable
+    if cfg.kind == "bert" and cfg.cls_source == "sequence":
+        encoder_layer.pooler_layer.trainable = False  # the tanh pooler is unused: no gradient reaches it
+    inputs = {key: tf.keras.Input(shape=(cfg.max_seq_length,), dtype=tf.int32, name=key) for key in BERT_INPUT_KEYS}
+    cls = _cls_from_outputs(encoder_layer(inputs), cfg.cls_source, "text tower")
+    projected = tf.keras.layers.Dense(embedding_dim, use_bias=False, name="text_projection")(cls)
+    embedding = L2Normalize(name="text_embedding")(projected)
+    core = tf.keras.Model(inputs, embedding, name="text_core")
+
+    captions = tf.keras.Input(shape=(), dtype=tf.string, name="caption")
+    encoder = tf.keras.Model(captions, core(preprocessor(captions)), name="text_encoder")
+    return Tower(preprocessor, core, encoder)
+
+
+__all__ = ["TextPreprocessor", "Tower", "build_text_tower", "read_vocab"]

@@ -1,0 +1,285 @@
+"""The two-tower retrieval model and its distributed train step.
+
+One step on a global batch of B (caption, image, image_id) rows split over R replicas:
+
+    T_r = f_text(captions_r),  V_r = f_image(augment(decode(images_r)))      (unit vectors, [B/R, d])
+    S   = gather(T) gather(V)^T                                              (cosine, [B, B], on every replica)
+    R_ij = 1[id_i == id_j]                                                   (two captions of one image: both positive)
+    L   = loss(R, S)                 fixed λ: the loss applies its own scale λ (= ModelConfig.logit_scale)
+    L   = loss(R, λ S), λ = min(exp(s), λ_max)       learned λ (loss must have scale 1)
+    text params  <- AdamW step on dL/dθ_text (and on s, the learned log-scale, if any)
+    image params <- SGD+momentum step on dL/dθ_image
+
+Each replica returns ``L / R`` (the loss base class scales it); Keras sums gradients over replicas and the
+gradient of ``all_gather`` sums the upstream gradients of the replicas, so every replica applies exactly
+``dL/dθ`` of the global loss: one step under ``MirroredStrategy`` equals one step on the whole batch on one
+device (tested). Mixed precision: under ``mixed_float16`` both optimizers are wrapped in their own dynamic
+``LossScaleOptimizer`` (each scales the loss for its own tower's gradients and skips its update on overflow);
+``mixed_bfloat16`` needs no scaling. Embeddings, similarities and the loss are float32 throughout.
+
+Inputs are raw strings: tokenisation, decoding and augmentation run before the numeric part of the step, which
+can be compiled with XLA (``compile(jit_compile=True)``; string ops cannot be). ``text_encoder`` and
+``image_encoder`` (strings -> unit embeddings, no augmentation) share all weights with the towers and are what
+evaluation and serving use.
+"""
+from __future__ import annotations
+
+import math
+
+import tensorflow as tf
+
+from ce_retrieval.data.schema import CAPTION, IMAGE, IMAGE_ID
+from ce_retrieval.losses import relevance_from_ids
+from ce_retrieval.modeling.augmentation import ImageAugmentation
+from ce_retrieval.modeling.similarity import cosine_similarity, gather_from_replicas, num_replicas
+from ce_retrieval.modeling.text_tower import Tower
+
+
+class TwoTowerModel(tf.keras.Model):
+    """Text and image towers trained jointly on the global in-batch similarity matrix (see module docstring).
+
+    Args:
+        text_tower / image_tower: :class:`Tower` triples (preprocessor, core, encoder) sharing weights.
+        augmentation: :class:`ImageAugmentation` applied to decoded pixels in ``train_step`` only (or None).
+        logit_scale: λ (initial value if learned).
+        learn_logit_scale: learn ``log λ`` (updated by the text optimizer), capped at ``max_logit_scale``.
+    """
+
+    def __init__(
+        self,
+        text_tower: Tower,
+        image_tower: Tower,
+        augmentation: ImageAugmentation | None = None,
+        logit_scale: float = 20.0,
+        learn_logit_scale: bool = False,
+        max_logit_scale: float = 100.0,
+        name: str = "two_tower",
+        **kwargs,
+    ):
+        super().__init__(name=name, **kwargs)
+        self.text_preprocessor, self.text_core, self.text_encoder = text_tower
+        self.image_preprocessor, self.image_core, self.image_encoder = image_tower
+        self.augmentation = augmentation if augmentation is not None and augmentation.active else None
+        self.learn_logit_scale = bool(learn_logit_scale)
+        self.max_logit_scale = float(max_logit_scale)
+        self.initial_logit_scale = float(logit_scale)
+        if self.learn_logit_scale:
+            self.log_logit_scale = self.add_weight(
+                name="log_logit_scale",
+                shape=(),
+                dtype=tf.float32,
+                initializer=tf.keras.initializers.Constant(math.log(logit_scale)),
+                trainable=True,
+            )
+        self.retrieval_loss = None
+        self.text_optimizer = None
+        self.image_optimizer = None
+        self._loss_scaling = False
+        self._core_jit = False
+        self._loss_tracker = tf.keras.metrics.Mean(name="loss")
+        self._recall_tracker = tf.keras.metrics.Mean(name="in_batch_recall_at_1")
+        self.built = True
+
+    # ----------------------------------------------------------------------------------------------- inference
+    @property
+    def logit_scale(self) -> tf.Tensor:
+        """λ as a float32 scalar tensor (the learned value, capped, if ``learn_logit_scale``)."""
+        if self.learn_logit_scale:
+            return tf.minimum(tf.exp(self.log_logit_scale), self.max_logit_scale)
+        return tf.constant(self.initial_logit_scale, tf.float32)
+
+    def call(self, inputs, training=False):
+        """``{"caption": [B] str, "image": [B] bytes}`` -> ``{"text": [B, d], "image": [B, d]}`` (either key may
+        be absent). No augmentation, whatever ``training`` says."""
+        if not isinstance(inputs, dict):
+            raise TypeError(f"TwoTowerModel expects a dict with '{CAPTION}' and/or '{IMAGE}', got {type(inputs).__name__}")
+        outputs = {}
+        if CAPTION in inputs:
+            outputs["text"] = self.text_core(self.text_preprocessor(inputs[CAPTION]), training=training)
+        if IMAGE in inputs:
+            outputs["image"] = self.image_core(self.image_preprocessor(inputs[IMAGE]), training=training)
+        if not outputs:
+            raise KeyError(f"TwoTowerModel: inputs have neither '{CAPTION}' nor '{IMAGE}' (keys: {sorted(inputs)})")
+        return outputs
+
+    # ------------------------------------------------------------------------------------------------ training
+    def compile(
+        self,
+        loss="cross_example_softmax",
+        text_optimizer=None,
+        image_optimizer=None,
+        jit_compile: bool = False,
+        loss_kwargs: dict | None = None,
+        **kwargs,
+    ):
+        """Sets the retrieval loss and the two optimizers.
+
+        ``loss``: a ``ce_retrieval.losses.RetrievalLoss`` instance or a registered name (built with
+        ``loss_kwargs``; softmax-family losses get ``scale=λ``, or ``scale=1`` when λ is learned).
+        ``jit_compile``: XLA-compile the numeric part of the step (towers, gather, loss, gradients).
+        Other keyword arguments go to ``tf.keras.Model.compile`` (e.g. ``steps_per_execution``).
+        """
+        if text_optimizer is None or image_optimizer is None:
+            raise ValueError("TwoTowerModel.compile needs text_optimizer and image_optimizer (see build_optimizers)")
+        if text_optimizer is image_optimizer:
+            raise ValueError("TwoTowerModel.compile: text_optimizer and image_optimizer must be distinct objects")
+        for key in ("optimizer", "metrics", "weighted_metrics", "loss_weights"):
+            if kwargs.get(key) is not None:
+                raise ValueError(f"TwoTowerModel.compile does not take {key}=; it owns its optimizers and metrics")
+        self.retrieval_loss = self._resolve_loss(loss, dict(loss_kwargs or {}))
+
+        policy = tf.keras.mixed_precision.global_policy()
+        self._loss_scaling = policy.name == "mixed_float16"
+        if self._loss_scaling:
+            text_optimizer = _with_loss_scale(text_optimizer)
+            image_optimizer = _with_loss_scale(image_optimizer)
+        self.text_optimizer = text_optimizer
+        self.image_optimizer = image_optimizer
+        self._core_jit = bool(jit_compile)
+        self._compute_gradients_jit = tf.function(self._compute_gradients, jit_compile=True) if jit_compile else None
+        # Keras's own optimizer slot holds the text optimizer (its iterations are the step counter callbacks
+        # and TensorBoard read); the image optimizer is tracked as an attribute, so checkpoints hold both.
+        super().compile(optimizer=text_optimizer, loss=None, jit_compile=False, **kwargs)
+        self._check_variable_partition()
+
+    def _resolve_loss(self, loss, loss_kwargs):
+        from ce_retrieval import losses as losses_lib
+
+        if isinstance(loss, (str, dict)):
+            identifier = loss
+            loss = losses_lib.get(identifier, **loss_kwargs)
+            if hasattr(loss, "scale") and "scale" not in loss_kwargs:  # softmax family: λ comes from the model
+                loss_kwargs["scale"] = 1.0 if self.learn_logit_scale else self.initial_logit_scale
+                loss = losses_lib.get(identifier, **loss_kwargs)
+        elif loss_kwargs:
+            raise ValueError("TwoTowerModel.compile: loss_kwargs are only used with a loss given by name")
+        if not isinstance(loss, tf.keras.losses.Loss):
+            raise TypeError(f"TwoTowerModel.compile: loss must be a Keras Loss or a registered name, got {loss!r}")
+        scale = getattr(loss, "scale", None)
+        if self.learn_logit_scale:
+            if scale is None:
+                raise ValueError(
+                    f"learn_logit_scale=True multiplies the cosine matrix by a learned λ, which only a softmax-family "
+                    f"loss with a `scale` argument expects; {type(loss).__name__} has none"
+                )
+            if abs(float(scale) - 1.0) > 1e-6:
+                raise ValueError(
+                    f"learn_logit_scale=True: the model applies the learned λ itself, so the loss must have "
+                    f"scale=1.0 (got {type(loss).__name__}(scale={scale}))"
+                )
+        elif scale is not None and abs(float(scale) - self.initial_logit_scale) > 1e-6:
+            raise ValueError(
+                f"logit scale mismatch: the model's logit_scale is {self.initial_logit_scale} but the loss "
+                f"{type(loss).__name__} has scale={scale}; set both to the same λ"
+            )
+        return loss
+
+    @property
+    def text_variables(self) -> list:
+        """Variables updated by the text optimizer: the text tower and the learned log logit scale."""
+        extra = [self.log_logit_scale] if self.learn_logit_scale else []
+        return list(self.text_core.trainable_variables) + extra
+
+    @property
+    def image_variables(self) -> list:
+        """Variables updated by the image optimizer: the image tower."""
+        return list(self.image_core.trainable_variables)
+
+    def _check_variable_partition(self):
+        text_ids = {id(v) for v in self.text_variables}
+        image_ids = {id(v) for v in self.image_variables}
+        if text_ids & image_ids:
+            raise ValueError("TwoTowerModel: a variable is shared between the text and image towers")
+        orphans = [v.name for v in self.trainable_variables if id(v) not in text_ids | image_ids]
+        if orphans:
+            raise ValueError(f"TwoTowerModel: trainable variables in neither tower (no optimizer updates them): {orphans}")
+
+    @property
+    def metrics(self):
+        return [self._loss_tracker, self._recall_tracker]
+
+    def _prepare(self, data, augment: bool):
+        """String inputs -> (BERT input dict, pixels, ids); not XLA-compilable (string ops, keras-cv loops)."""
+        if isinstance(data, (tuple, list)):
+            data = data[0]
+        missing = [k for k in (CAPTION, IMAGE, IMAGE_ID) if k not in data]
+        if missing:
+            raise KeyError(f"TwoTowerModel: training batches need {CAPTION!r}, {IMAGE!r}, {IMAGE_ID!r}; missing {missing}")
+        text_inputs = self.text_preprocessor(data[CAPTION])
+        pixels = self.image_preprocessor(data[IMAGE])
+        if augment and self.augmentation is not None:
+            pixels = self.augmentation(pixels)
+        return text_inputs, pixels, tf.cast(data[IMAGE_ID], tf.int64)
+
+    def _global_loss(self, text_inputs, pixels, ids, training: bool):
+        """Towers -> gather -> S -> loss. Returns (per-replica loss L/R, global cosine S, global relevance)."""
+        text = self.text_core(text_inputs, training=training)
+        image = self.image_core(pixels, training=training)
+        text_all, image_all = gather_from_replicas(text), gather_from_replicas(image)
+        ids_all = gather_from_replicas(ids)
+        cosine = cosine_similarity(text_all, image_all)
+        relevance = relevance_from_ids(ids_all, ids_all)
+        scores = cosine * self.logit_scale if self.learn_logit_scale else cosine
+        loss = self.retrieval_loss(relevance, scores)
+        if self.losses:  # regularisers of the towers: identical on every replica, so scale like the loss
+            loss += tf.add_n([tf.cast(x, tf.float32) for x in self.losses]) / float(num_replicas())
+        return loss, cosine, relevance
+
+    def _compute_gradients(self, text_inputs, pixels, ids):
+        text_vars, image_vars = self.text_variables, self.image_variables
+        with tf.GradientTape(persistent=self._loss_scaling) as tape:
+            loss, cosine, relevance = self._global_loss(text_inputs, pixels, ids, training=True)
+            if self._loss_scaling:
+                scaled_text = self.text_optimizer.get_scaled_loss(loss)
+                scaled_image = self.image_optimizer.get_scaled_loss(loss)
+        if self._loss_scaling:
+            text_grads = self.text_optimizer.get_unscaled_gradients(tape.gradient(scaled_text, text_vars))
+            image_grads = self.image_optimizer.get_unscaled_gradients(tape.gradient(scaled_image, image_vars))
+            del tape
+        else:
+            grads = tape.gradient(loss, text_vars + image_vars)
+            text_grads, image_grads = grads[: len(text_vars)], grads[len(text_vars) :]
+        return loss, cosine, relevance, text_grads, image_grads
+
+    def train_step(self, data):
+        if self.retrieval_loss is None:
+            raise RuntimeError("TwoTowerModel: call compile(loss=..., text_optimizer=..., image_optimizer=...) first")
+        text_inputs, pixels, ids = self._prepare(data, augment=True)
+        compute = self._compute_gradients_jit if self._core_jit else self._compute_gradients
+        loss, cosine, relevance, text_grads, image_grads = compute(text_inputs, pixels, ids)
+        self.text_optimizer.apply_gradients(zip(text_grads, self.text_variables, strict=True))
+        self.image_optimizer.apply_gradients(zip(image_grads, self.image_variables, strict=True))
+        return self._update_metrics(loss, cosine, relevance)
+
+    def test_step(self, data):
+        if self.retrieval_loss is None:
+            raise RuntimeError("TwoTowerModel: call compile(...) before evaluate()")
+        text_inputs, pixels, ids = self._prepare(data, augment=False)
+        loss, cosine, relevance = self._global_loss(text_inputs, pixels, ids, training=False)
+        return self._update_metrics(loss, cosine, relevance)
+
+    def predict_step(self, data):
+        if isinstance(data, (tuple, list)):
+            data = data[0]
+        return self(data, training=False)
+
+    def _update_metrics(self, loss, cosine, relevance):
+        # Every replica holds the same global loss L and returns L / R; the Mean trackers aggregate over replicas.
+        global_loss = loss * float(num_replicas())
+        self._loss_tracker.update_state(global_loss)
+        top1 = tf.argmax(cosine, axis=1, output_type=tf.int32)
+        hit = tf.gather(relevance, top1, axis=1, batch_dims=1) > 0
+        self._recall_tracker.update_state(tf.reduce_mean(tf.cast(hit, tf.float32)))
+        logs = {m.name: m.result() for m in self.metrics}
+        if self.learn_logit_scale:
+            logs["logit_scale"] = self.logit_scale
+        return logs
+
+
+def _with_loss_scale(optimizer):
+    if isinstance(optimizer, tf.keras.mixed_precision.LossScaleOptimizer):
+        return optimizer
+    return tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
+
+
+__all__ = ["TwoTowerModel"]

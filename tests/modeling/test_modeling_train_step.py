@@ -1,0 +1,78 @@
+"""Train step: two optimizers, loss decreases on a fixed batch, schedules, logit-scale wiring."""
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import SoftmaxTestLoss, make_batch, tiny_config
+
+from ce_retrieval.modeling import OptimizerConfig, WarmupLinearDecay, build_optimizers, build_two_tower
+
+
+def test_schedule_values_at_key_steps():
+    text = WarmupLinearDecay(1e-4, total_steps=25_000, warmup_steps=1_500, end_learning_rate=0.0)
+    expected = {0: 0.0, 750: 5e-5, 1_500: 1e-4, 13_250: 5e-5, 25_000: 0.0, 30_000: 0.0}
+    for step, lr in expected.items():
+        np.testing.assert_allclose(float(text(step)), lr, rtol=1e-5, atol=1e-12, err_msg=f"step {step}")
+    image = WarmupLinearDecay(3e-3, total_steps=25_000, end_learning_rate=5e-4)
+    for step, lr in {0: 3e-3, 12_500: 1.75e-3, 25_000: 5e-4, 40_000: 5e-4}.items():
+        np.testing.assert_allclose(float(image(step)), lr, rtol=1e-5, err_msg=f"step {step}")
+    clone = WarmupLinearDecay.from_config(text.get_config())
+    assert float(clone(900)) == pytest.approx(float(text(900)))
+
+
+def test_build_optimizers_follow_the_paper():
+    text_opt, image_opt = build_optimizers(OptimizerConfig(), total_steps=25_000)
+    assert isinstance(text_opt, tf.keras.optimizers.AdamW) and isinstance(image_opt, tf.keras.optimizers.SGD)
+    # The schedules survive the optimizers' serialisation (what BackupAndRestore / SavedModel rely on).
+    text_lr = tf.keras.optimizers.schedules.deserialize(text_opt.get_config()["learning_rate"])
+    image_lr = tf.keras.optimizers.schedules.deserialize(image_opt.get_config()["learning_rate"])
+    assert isinstance(text_lr, WarmupLinearDecay) and isinstance(image_lr, WarmupLinearDecay)
+    assert float(text_lr(0)) == 0.0 and float(text_lr(1_500)) == pytest.approx(1e-4)
+    assert float(image_lr(0)) == pytest.approx(3e-3) and float(image_lr(25_000)) == pytest.approx(5e-4)
+    assert float(text_opt.weight_decay) == pytest.approx(0.01)
+    assert image_opt.momentum == pytest.approx(0.9)
+    with pytest.raises(ValueError, match="total_steps"):
+        build_optimizers(OptimizerConfig(), total_steps=0)
+
+
+def _compiled(vocab_file, **cfg_overrides):
+    model = build_two_tower(tiny_config(**cfg_overrides), vocab_file)
+    text_opt = tf.keras.optimizers.Adam(3e-4)
+    image_opt = tf.keras.optimizers.SGD(0.01, momentum=0.9)
+    scale = 1.0 if cfg_overrides.get("learn_logit_scale") else 20.0
+    model.compile(loss=SoftmaxTestLoss(scale=scale), text_optimizer=text_opt, image_optimizer=image_opt)
+    return model
+
+
+def test_train_step_reduces_the_loss_and_updates_both_towers(vocab_file):
+    model = _compiled(vocab_file)
+    batch = make_batch()
+    text_before = [v.numpy().copy() for v in model.text_variables]
+    image_before = [v.numpy().copy() for v in model.image_variables]
+    history = model.fit(tf.data.Dataset.from_tensors(batch).repeat(), epochs=15, steps_per_epoch=1, verbose=0).history
+    assert set(history) == {"loss", "in_batch_recall_at_1"}
+    losses = history["loss"]
+    assert min(losses[-3:]) < 0.3 * losses[0], losses
+    assert history["in_batch_recall_at_1"][-1] == pytest.approx(1.0), history
+    assert model.text_optimizer.iterations.numpy() == 15 and model.image_optimizer.iterations.numpy() == 15
+    assert all(np.any(a != b.numpy()) for a, b in zip(text_before, model.text_variables, strict=True) if b.shape.rank == 2)
+    assert all(np.any(a != b.numpy()) for a, b in zip(image_before, model.image_variables, strict=True) if b.shape.rank == 4)
+
+
+def test_logit_scale_wiring(vocab_file):
+    model = build_two_tower(tiny_config(), vocab_file)
+    opts = dict(text_optimizer=tf.keras.optimizers.Adam(), image_optimizer=tf.keras.optimizers.SGD())
+    with pytest.raises(ValueError, match="logit scale mismatch"):
+        model.compile(loss=SoftmaxTestLoss(scale=10.0), **opts)
+    with pytest.raises(ValueError, match="distinct"):
+        opt = tf.keras.optimizers.SGD()
+        model.compile(loss=SoftmaxTestLoss(), text_optimizer=opt, image_optimizer=opt)
+    assert float(model.logit_scale) == pytest.approx(20.0)
+
+    learned = _compiled(vocab_file, learn_logit_scale=True)
+    assert float(learned.logit_scale) == pytest.approx(20.0, rel=1e-5)
+    assert any(v is learned.log_logit_scale for v in learned.text_variables)
+    with pytest.raises(ValueError, match="scale=1.0"):
+        learned.compile(loss=SoftmaxTestLoss(scale=20.0), **opts)
+    logs = learned.fit(tf.data.Dataset.from_tensors(make_batch()).repeat(2), verbose=0).history
+    assert "logit_scale" in logs
+    assert float(learned.logit_scale) != pytest.approx(20.0, rel=1e-7)
