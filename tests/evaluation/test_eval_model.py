@@ -129,7 +129,7 @@ def test_report_table_markdown_and_plot(tmp_path, capsys):
     ce = next(line for line in out.splitlines() if line.startswith("CE-Softmax"))
     assert "20.12 ± 0.17" in ce and " 2 " in ce
     text = md.read_text()
-    assert "| Sampled Softmax | 1 | 14.61 | 25.87 |" in text and "20.12 ± 0.17" in text
+    assert "| Sampled Softmax | 1 | 14.61 | 25.87 |" in text and "20.12 ± 0.17" in text and "R@100 dis." in text
     assert _png_ok(plot)
 
 
