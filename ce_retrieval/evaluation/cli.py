@@ -23,6 +23,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--batch_size", type=int, default=256, help="embedding batch size")
     parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic distractor images")
     parser.add_argument("--no_plots", action="store_true", help="write the JSON only")
+    parser.add_argument("--ann", action="store_true", help="also report the Recall@K lost by a ScaNN index of the images")
 
 
 def _config_dict(cfg):
@@ -31,6 +32,12 @@ def _config_dict(cfg):
     if hasattr(cfg, "as_dict"):
         return cfg.as_dict()
     return cfg if isinstance(cfg, dict) else repr(cfg)
+
+
+def _scann_factory():
+    from ce_retrieval.evaluation.ann import ScannSearch
+
+    return ScannSearch
 
 
 def run(args) -> int:
@@ -61,6 +68,7 @@ def run(args) -> int:
         config=_config_dict(cfg),
         batch_size=args.batch_size,
         plots=not args.no_plots,
+        ann_factory=_scann_factory() if args.ann else None,
     )
     s = result["summary"]
     print(

@@ -119,7 +119,7 @@ def evaluate_model(
     batch_size: int = 256,
     ks=(1, 5, 10),
     distractor_ks=(1, 5, 10, 100),
-    ann_search_fn=None,
+    ann_factory=None,
     plots: bool = True,
     num_plot_queries: int = 1000,
 ) -> dict:
@@ -132,7 +132,8 @@ def evaluate_model(
       output_dir: where ``eval_<split>.json`` and the PNGs go (nothing is written when None).
       run_name: groups several seeds of one configuration in ``ce-retrieval report``.
       config: the experiment configuration (JSON-able dict) stored with the results.
-      ann_search_fn: optional approximate searcher over the split's images, to report its recall loss.
+      ann_factory: optional ``doc_emb -> search_fn`` (e.g. :class:`ce_retrieval.evaluation.ann.ScannSearch`):
+        an approximate index over the split's images whose Recall@K loss against exact search is reported.
 
     Returns the JSON document as a dict (``summary`` holds the headline figures).
     """
@@ -143,7 +144,8 @@ def evaluate_model(
         distractor_emb = embed_strings(image_encoder, distractor_images, batch_size)
     embed_seconds = time.perf_counter() - start
     metrics = evaluate_embeddings(
-        query_emb, doc_emb, query_ids, doc_ids, distractor_emb, ks=ks, distractor_ks=distractor_ks, ann_search_fn=ann_search_fn
+        query_emb, doc_emb, query_ids, doc_ids, distractor_emb, ks=ks, distractor_ks=distractor_ks,
+        ann_search_fn=None if ann_factory is None else ann_factory(doc_emb),
     )
     result = {
         "schema_version": SCHEMA_VERSION,

@@ -80,6 +80,7 @@ def plot_score_distributions(
     if threshold is not None:
         ax.axvline(threshold, color="k", linewidth=1, linestyle=":", label=f"best-F1 threshold {threshold:.3f}")
     ax.set_yscale("symlog", linthresh=1.0)
+    ax.set_ylim(bottom=0)
     ax.set_xlabel("similarity score to the query")
     ax.set_ylabel("number of documents (symlog)")
     ax.set_title(f"{title}\n{len(counts)} queries x {int(counts[0].sum())} documents")

@@ -95,10 +95,12 @@ def format_table(results: list[dict]) -> str:
 def format_markdown(results: list[dict]) -> str:
     rows = _rows(group_runs(results))
     dis = _distractor_title(results)
-    headers = ["Run", "n", "PR AUC", "R@1", "R@5", "R@10"] + [f"{h} ({dis})" for _, h in _DIS] + ["rsum"]
+    headers = ["Run", "n", "PR AUC", "R@1", "R@5", "R@10"] + [f"R{h} dis." for _, h in _DIS] + ["rsum"]
     out = ["| " + " | ".join(headers) + " |", "|" + "|".join(["---"] + ["---:"] * (len(headers) - 1)) + "|"]
     out += ["| " + " | ".join([name, n, *cells]) + " |" for name, n, cells in rows]
-    return "\n".join(out) + "\n\nNumbers in % (text->image); mean ± sample std over the n evaluation files of a run.\n"
+    notes = (f"Numbers in %; recall is text->image; \"dis.\": {dis}; rsum = R@1/5/10 summed over both directions; "
+             "mean ± sample std over the n evaluation files of a run.")
+    return "\n".join(out) + "\n\n" + notes + "\n"
 
 
 def plot_report(results: list[dict], path: str) -> str:

@@ -146,3 +146,38 @@ def test_accepts_float16_and_tensors(rng):
     ref = global_pr_auc(q, d, qi, di)
     out = global_pr_auc(tf.constant(q, tf.float16), tf.constant(d), tf.constant(qi), di)
     assert out["average_precision"] == ref["average_precision"]
+
+
+def test_equals_sklearn_on_continuous_float32_scores(rng):
+    # Non-dyadic scores: sklearn gets the very float32 values of the same row-block products.
+    q = rng.standard_normal((300, 16)).astype(np.float32)
+    d = rng.standard_normal((200, 16)).astype(np.float32)
+    qi, di = rng.integers(0, 150, 300), np.arange(200)
+    q[qi < 200] += d[qi[qi < 200]]
+    rows = 64
+    dt = np.ascontiguousarray(d.T)
+    s = np.concatenate([q[r : r + rows] @ dt for r in range(0, len(q), rows)]).ravel()
+    y = (qi[:, None] == di[None, :]).ravel()
+    precision, recall, _ = precision_recall_curve(y, s)
+    out = global_pr_auc(q, d, qi, di, block_size=rows)
+    assert out["average_precision"] == pytest.approx(average_precision_score(y, s), rel=1e-12)
+    assert out["pr_auc"] == pytest.approx(auc(recall, precision), rel=1e-12)
+
+
+def test_falls_back_to_full_blocks_when_pass_one_bits_differ(rng, monkeypatch):
+    from ce_retrieval.evaluation import calibration
+
+    q, d, qi, di = _case(rng, 40, 30, 3, num_ids=10, levels=2)
+    ref = global_pr_auc(q, d, qi, di, block_size=8)
+    original = calibration._block_positives
+    calls = []
+
+    def perturbed(q_, dt_, r0, r1, rows_b, cols_b, narrow):
+        calls.append(narrow)
+        out = original(q_, dt_, r0, r1, rows_b, cols_b, narrow)
+        return np.nextafter(out, np.float32(np.inf)) if narrow else out  # one ulp off, like another BLAS kernel
+
+    monkeypatch.setattr(calibration, "_block_positives", perturbed)
+    out = global_pr_auc(q, d, qi, di, block_size=8, num_threads=2)
+    assert True in calls and False in calls
+    assert out["average_precision"] == ref["average_precision"] and out["pr_auc"] == ref["pr_auc"]

@@ -129,7 +129,7 @@ def test_report_table_markdown_and_plot(tmp_path, capsys):
     ce = next(line for line in out.splitlines() if line.startswith("CE-Softmax"))
     assert "20.12 ± 0.17" in ce and " 2 " in ce
     text = md.read_text()
-    assert "| Sampled Softmax | 1 | 14.61 | 25.87 |" in text and "20.12 ± 0.17" in text
+    assert "| Sampled Softmax | 1 | 14.61 | 25.87 |" in text and "20.12 ± 0.17" in text and "R@100 dis." in text
     assert _png_ok(plot)
 
 
@@ -162,8 +162,9 @@ def test_evaluate_command_with_stand_in_loaders(towers, tmp_path, monkeypatch, c
     monkeypatch.setitem(sys.modules, "ce_retrieval.data.synthetic", types.SimpleNamespace(distractor_images=distractor_images))
     out_dir = tmp_path / "out"
     code = cli.main(["evaluate", "--model_dir", str(tmp_path / "run7"), "--split", "test", "--distractors", "5",
-                     "--output_dir", str(out_dir), "--no_plots"])
+                     "--output_dir", str(out_dir), "--no_plots", "--ann"])
     assert code == 0 and seen["model_dir"] == str(tmp_path / "run7")
     doc = json.loads((out_dir / "eval_test.json").read_text())
     assert doc["run_name"] == "run7" and doc["num_distractors"] == 5 and doc["split"] == "test"
+    assert doc["metrics"]["ann"]["loss"]["1"] == pytest.approx(0.0, abs=0.1)  # 16 images: ScaNN runs brute force
     assert "PR-AUC" in capsys.readouterr().out
