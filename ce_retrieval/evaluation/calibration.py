@@ -239,7 +239,8 @@ def global_pr_auc(
     Returns a dict: ``average_precision``, ``pr_auc``, ``num_pairs``, ``num_positives``, ``num_queries``,
     ``best_f1`` (``threshold``, ``f1``, ``precision``, ``recall``, ``queries_top1_above``: share of queries whose
     top-scoring document clears the threshold, ``queries_top1_relevant_above``: ... and is relevant),
-    ``precision_thresholds`` (``{"0.9": {...} or None}``) and ``curve`` (``recall``, ``precision``, ``threshold``
+    ``precision_thresholds`` (``{"0.9": {...} or None}``), ``threshold_at_precision`` (the same thresholds, flat:
+    ``{"0.9": score or None}``, what ``ce_retrieval.serving`` stores in an index manifest) and ``curve`` (``recall``, ``precision``, ``threshold``
     lists, recall ascending, starting at the (0, 1) point scikit-learn adds).
     """
     q, d, qids, dids = check_pair(query_emb, doc_emb, query_ids, doc_ids)
@@ -316,5 +317,7 @@ def global_pr_auc(
         "num_queries_without_relevant": int(n - len(np.unique(pos_rows))),
         "best_f1": best_f1,
         "precision_thresholds": targets,
+        # The flat form the serving index stores in its manifest: {"0.9": score or None}.
+        "threshold_at_precision": {k: (v["threshold"] if v else None) for k, v in targets.items()},
         "curve": curve,
     }

@@ -76,6 +76,7 @@ def test_hand_made_case_with_ties():
     assert out["best_f1"]["queries_top1_above"] == 1.0
     assert out["best_f1"]["queries_top1_relevant_above"] == 0.5  # query 0's top result d0 (lower index of the tie)
     assert out["precision_thresholds"]["0.5"] == {"threshold": 3.0, "precision": 0.5, "recall": 0.5}
+    assert out["threshold_at_precision"]["0.5"] == 3.0
 
 
 def test_best_f1_and_precision_thresholds_match_brute_force(rng):
