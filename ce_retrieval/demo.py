@@ -29,7 +29,7 @@ def run(args) -> int:
 
     from ce_retrieval import configs, data
     from ce_retrieval.evaluation.calibration import global_pr_auc
-    from ce_retrieval.evaluation.embed import embed_split
+    from ce_retrieval.evaluation.embed import embed_split, embed_strings
     from ce_retrieval.evaluation.evaluate import evaluate_model
     from ce_retrieval.serving.export import export_encoders
     from ce_retrieval.serving.index import build_index
@@ -68,13 +68,13 @@ def run(args) -> int:
         metadata={"config": configs.to_dict(cfg), "checkpoint": getattr(model, "checkpoint_path", None)},
         logit_scale=float(cfg.model.logit_scale),
     )
-    print(f"[demo] exported {paths}")
+    print(f"[demo] exported version {paths.version}: {paths.text_encoder}, {paths.image_encoder}")
 
     _stage(4, "index", "ScaNN index of the test gallery, thresholds calibrated on the validation split")
     val = data.load_retrieval_split(cfg.data, cfg.evaluation.split)
     val_q, val_d, val_qids, val_dids = embed_split(model.text_encoder, model.image_encoder, val)
     calibration = global_pr_auc(val_q, val_d, val_qids, val_dids)
-    _, gallery, _, gallery_ids = embed_split(model.text_encoder, model.image_encoder, _images_only(test))
+    gallery, gallery_ids = embed_strings(model.image_encoder, test.images), test.image_ids
     manifest = build_index(gallery, gallery_ids, export_dir, version=paths.version, thresholds=calibration,
                            queries=val_q, gallery_info={"split": "test"})
     print(f"[demo] index: {manifest.get('num_items', len(gallery_ids))} images, "
@@ -97,17 +97,11 @@ def run(args) -> int:
         counts = ", ".join(str(len(h.ids)) for h in hits)
         print(f"\n[demo] threshold search at calibrated precision {level}: hits per query [{counts}]")
     print(f"\n[demo] done in {time.perf_counter() - t0:.0f} s. Artefacts under {workdir}")
-    return 0 if np.isfinite(report["pr_auc"] if "pr_auc" in report else 0.0) else 1
+    return 0 if np.isfinite(report["summary"]["pr_auc"]) else 1
 
 
 def _stage(i: int, name: str, what: str) -> None:
     print(f"\n=== [{i}/5] {name}: {what}", flush=True)
-
-
-def _images_only(split):
-    from ce_retrieval.data.schema import RetrievalSplit
-
-    return RetrievalSplit(captions=[], caption_ids=[], images=split.images, image_ids=split.image_ids, name=split.name)
 
 
 def _sample_captions(split, n: int, seed: int) -> list[str]:
@@ -119,7 +113,11 @@ def _sample_captions(split, n: int, seed: int) -> list[str]:
 
 
 def _print_metrics(report: dict) -> None:
-    flat = {k: v for k, v in report.items() if isinstance(v, (int, float))}
-    keys = [k for k in ("pr_auc", "average_precision", "t2i_r1", "t2i_r5", "t2i_r10", "i2t_r1", "rsum",
-                        "dis_t2i_r1", "dis_t2i_r10", "dis_t2i_r100") if k in flat]
-    print("[demo] " + ", ".join(f"{k} {flat[k]:.4f}" for k in keys) if keys else f"[demo] {sorted(report)}")
+    m = report["summary"]
+    print(f"[demo] threshold relevancy: global PR-AUC {m['pr_auc']:.4f}, AP {m['average_precision']:.4f}, best F1 {m['best_f1']:.4f}")
+    print(f"[demo] top-k relevancy: text->image R@1/5/10 {m['t2i_r1']:.3f}/{m['t2i_r5']:.3f}/{m['t2i_r10']:.3f}, "
+          f"image->text R@1/5/10 {m['i2t_r1']:.3f}/{m['i2t_r5']:.3f}/{m['i2t_r10']:.3f}, rsum {m['rsum']:.3f}")
+    if "dis_t2i_r1" in m:
+        print(f"[demo] with {report['num_distractors']} distractors: R@1/5/10/100 {m['dis_t2i_r1']:.3f}/{m['dis_t2i_r5']:.3f}/"
+              f"{m['dis_t2i_r10']:.3f}/{m['dis_t2i_r100']:.3f}")
+    print(f"[demo] plots: {', '.join(report['files'].values())}")
