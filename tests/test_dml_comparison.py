@@ -21,3 +21,14 @@ def test_proxy_losses_improve_recall_and_nmi():
     assert "ProxyAnchorLoss" in table and "recall@1" in table and len(table.splitlines()) == len(results) + 1
     with pytest.raises(ValueError, match="split"):
         compare_losses([], data=data, split="random")
+
+
+def test_cli_arguments():
+    import argparse
+
+    from ce_retrieval.training import dml_comparison
+
+    parser = argparse.ArgumentParser()
+    dml_comparison.add_arguments(parser)
+    args = parser.parse_args(["--losses", "NCALoss", "LMNNLoss", "--steps", "5", "--split", "samples"])
+    assert args.losses == ["NCALoss", "LMNNLoss"] and args.steps == 5 and args.split == "samples"

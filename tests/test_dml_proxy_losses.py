@@ -212,3 +212,19 @@ def test_matches_pml_nca(rng):
     emb, labels, rel, s = _pair_case(rng, n=16)
     expected = pml_losses.NCALoss(softmax_scale=3.0)(_t(emb), torch.tensor(labels)).item()
     assert float(L.NCALoss(scale=3.0)(rel, s)) == pytest.approx(expected, rel=1e-5)
+
+
+def test_lmnn_fixed_target_neighbours(rng):
+    x = rng.normal(size=(10, 3))
+    y = np.array([0, 0, 0, 0, 1, 1, 1, 2, 2, 3])
+    rel = L.lmnn_target_relevance(x, y, k=2)
+    d = np.linalg.norm(x[:, None] - x[None], axis=-1)
+    for i in range(10):
+        same = [j for j in np.flatnonzero(y == y[i]) if j != i]
+        nearest = sorted(same, key=lambda j: d[i, j])[:2]
+        assert sorted(np.flatnonzero(rel[i] == 1)) == sorted(nearest)
+        assert np.all(rel[i, y != y[i]] == 0) and np.all(rel[i, [j for j in same if j not in nearest] + [i]] == -1)
+    s = _unit(rng.normal(size=(10, 4)))
+    s = s @ s.T
+    rel[9, 0] = 1  # class 3 is alone: give its row a target so every row is used
+    assert float(L.LMNNLoss(k=None)(rel, s)) == pytest.approx(ref.lmnn(rel, s, k=None), rel=1e-5)
