@@ -145,3 +145,13 @@ def _euclidean_recall_at_1(z, y):
     d2 = np.sum((z[:, None] - z[None]) ** 2, -1)
     np.fill_diagonal(d2, np.inf)
     return float(np.mean(y[np.argmin(d2, 1)] == y))
+
+
+def test_fit_in_mixed_precision_with_xla(rng):
+    tf.keras.mixed_precision.set_global_policy("mixed_float16")
+    x, rel = _proxy_data(rng, 4, 1)
+    model = _proxy_model(4)
+    assert model.layers[1].compute_dtype == "float16" and model.output.dtype == tf.float32
+    model.compile(optimizer=tf.keras.optimizers.Adam(0.05), loss=ProxyAnchorLoss(), jit_compile=True)
+    history = model.fit(x, rel, batch_size=16, epochs=3, verbose=0).history["loss"]
+    assert np.all(np.isfinite(history)) and history[-1] < history[0]

@@ -172,43 +172,65 @@ def test_negative_squared_distance_reading(rng):
 
 # --- pytorch-metric-learning: same definitions, conventions bridged explicitly ---------------------------
 
-torch = pytest.importorskip("torch")
-pml_losses = pytest.importorskip("pytorch_metric_learning.losses")
+@pytest.fixture
+def pml():
+    """(torch, pytorch_metric_learning.losses); skips only these tests when they are not installed."""
+    return pytest.importorskip("torch"), pytest.importorskip("pytorch_metric_learning.losses")
 
 
-def _t(a):
+def _t(torch, a):
     return torch.tensor(np.asarray(a), dtype=torch.float64)
 
 
-def test_matches_pml_proxy_nca(rng):
+def test_matches_pml_proxy_nca(rng, pml):
+    torch, pml_losses = pml
     # pml: p ∝ exp(-softmax_scale·‖x̂ − p̂‖²), positives included, mean over queries == our scale.
     emb, prox, labels, rel, s = _proxy_case(rng, n=16, c=6)
-    pml = pml_losses.ProxyNCALoss(num_classes=6, embedding_size=6, softmax_scale=5.0).double()
-    pml.proxies.data = _t(prox)
-    expected = pml(_t(emb), torch.tensor(labels)).item()
+    loss = pml_losses.ProxyNCALoss(num_classes=6, embedding_size=6, softmax_scale=5.0).double()
+    loss.proxies.data = _t(torch, prox)
+    expected = loss(_t(torch, emb), torch.tensor(labels)).item()
     assert float(L.ProxyNCALoss(scale=5.0)(rel, s)) == pytest.approx(expected, rel=1e-5)
 
 
-def test_matches_pml_proxy_anchor(rng):
+def test_matches_pml_proxy_anchor(rng, pml):
+    torch, pml_losses = pml
     emb, prox, labels, rel, s = _proxy_case(rng, n=16, c=6)
-    pml = pml_losses.ProxyAnchorLoss(num_classes=6, embedding_size=6, margin=0.1, alpha=32).double()
-    pml.proxies.data = _t(prox)
-    expected = pml(_t(emb), torch.tensor(labels)).item()
+    loss = pml_losses.ProxyAnchorLoss(num_classes=6, embedding_size=6, margin=0.1, alpha=32).double()
+    loss.proxies.data = _t(torch, prox)
+    expected = loss(_t(torch, emb), torch.tensor(labels)).item()
     assert float(L.ProxyAnchorLoss(alpha=32, delta=0.1)(rel, s)) == pytest.approx(expected, rel=1e-5)
 
 
-def test_matches_pml_soft_triple(rng):
+def test_matches_pml_soft_triple(rng, pml):
+    torch, pml_losses = pml
     # pml keeps centres as fc [D, C·K], class-major like ProxySimilarity; it has no centre regulariser.
     emb, prox, labels, rel, s = _proxy_case(rng, n=16, c=4, k=3)
-    pml = pml_losses.SoftTripleLoss(num_classes=4, embedding_size=6, centers_per_class=3, la=20, gamma=0.1,
-                                    margin=0.01).double()
-    pml.fc.data = _t(prox.T)
-    expected = pml(_t(emb), torch.tensor(labels)).item()
+    loss = pml_losses.SoftTripleLoss(num_classes=4, embedding_size=6, centers_per_class=3, la=20, gamma=0.1,
+                                     margin=0.01).double()
+    loss.fc.data = _t(torch, prox.T)
+    expected = loss(_t(torch, emb), torch.tensor(labels)).item()
     assert float(L.SoftTripleLoss(proxies_per_class=3)(rel, s)) == pytest.approx(expected, rel=1e-5)
 
 
-def test_matches_pml_nca(rng):
+def test_matches_pml_nca(rng, pml):
+    torch, pml_losses = pml
     # pml: LpDistance(power=2) on normalised embeddings, diagonal excluded == relevance_from_ids(exclude_self).
     emb, labels, rel, s = _pair_case(rng, n=16)
-    expected = pml_losses.NCALoss(softmax_scale=3.0)(_t(emb), torch.tensor(labels)).item()
+    expected = pml_losses.NCALoss(softmax_scale=3.0)(_t(torch, emb), torch.tensor(labels)).item()
     assert float(L.NCALoss(scale=3.0)(rel, s)) == pytest.approx(expected, rel=1e-5)
+
+
+def test_lmnn_fixed_target_neighbours(rng):
+    x = rng.normal(size=(10, 3))
+    y = np.array([0, 0, 0, 0, 1, 1, 1, 2, 2, 3])
+    rel = L.lmnn_target_relevance(x, y, k=2)
+    d = np.linalg.norm(x[:, None] - x[None], axis=-1)
+    for i in range(10):
+        same = [j for j in np.flatnonzero(y == y[i]) if j != i]
+        nearest = sorted(same, key=lambda j: d[i, j])[:2]
+        assert sorted(np.flatnonzero(rel[i] == 1)) == sorted(nearest)
+        assert np.all(rel[i, y != y[i]] == 0) and np.all(rel[i, [j for j in same if j not in nearest] + [i]] == -1)
+    s = _unit(rng.normal(size=(10, 4)))
+    s = s @ s.T
+    rel[9, 0] = 1  # class 3 is alone: give its row a target so every row is used
+    assert float(L.LMNNLoss(k=None)(rel, s)) == pytest.approx(ref.lmnn(rel, s, k=None), rel=1e-5)

@@ -49,8 +49,10 @@ class NCALoss(RetrievalLoss):
       objective: ``'log'`` (−log p_i) or ``'expected'`` (1 − p_i).
     """
 
+    _default_name = "nca_loss"
+
     def __init__(self, scale: float = 1.0, similarity: str = "cosine", objective: str = "log", **kwargs):
-        kwargs.setdefault("name", "proxy_nca_loss" if type(self).__name__ == "ProxyNCALoss" else "nca_loss")
+        kwargs.setdefault("name", self._default_name)
         super().__init__(**kwargs)
         if scale <= 0:
             raise ValueError(f"{type(self).__name__}: scale must be > 0, got {scale}")

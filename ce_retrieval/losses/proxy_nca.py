@@ -28,6 +28,7 @@ class ProxyNCALoss(NCALoss):
 
     supports_bidirectional = False
     requires_proxies = True
+    _default_name = "proxy_nca_loss"
 
     def __init__(self, scale: float = 9.0, include_positives_in_denominator: bool = True, **kwargs):
         super().__init__(scale=scale, **kwargs)

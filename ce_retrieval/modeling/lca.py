@@ -4,6 +4,8 @@ Model for a pair ``(x, x')`` with label ``y ∈ {0, 1}`` (1 = similar):
 
     z ~ N(Wx, σ²I),   z' ~ N(Wx', σ²I),   p(y = 1 | z, z') = exp(−‖z − z'‖² / (2κ²)).
 
+(the squared norm, as in Der & Saul; the ProbML text drops the square.)
+
 Marginally ``z − z' ~ N(μ, 2σ²I)`` with ``μ = W(x − x')``, so with ``a = κ² + 2σ²``, ``ρ = κ²/a`` and
 ``L = rank``:
 

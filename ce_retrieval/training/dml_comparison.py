@@ -111,27 +111,37 @@ def train_embedding(loss, x: np.ndarray, y: np.ndarray, embedding_dim: int = 16,
 
 
 def compare_losses(loss_names=DEFAULT_LOSSES, data=None, steps: int = 300, embedding_dim: int = 16,
-                   ks=(1, 2, 4, 8), seed: int = 0, **train_kwargs) -> dict:
-    """``{name: metrics}`` on the unseen half of the classes, plus ``'untrained'`` (the shared initial model)
-    and ``'raw features'``. ``data = (x, y)`` defaults to :func:`make_labelled_data`. Each entry also has
-    ``train_seconds``."""
+                   ks=(1, 2, 4, 8), split: str = "classes", seed: int = 0, **train_kwargs) -> dict:
+    """``{name: metrics}`` for each loss (a registered name, a config dict or an instance) on held-out data,
+    plus ``'untrained'`` (the shared initial model) and ``'raw features'``. ``data = (x, y)`` defaults to
+    :func:`make_labelled_data`. ``split='classes'``: train on the first half of the classes, test on the rest
+    (the DML protocol); ``split='samples'``: test on every fourth example of each class, train on the others
+    (seen classes). Each entry also has ``train_seconds``."""
     x, y = data if data is not None else make_labelled_data(seed=seed)
-    classes = np.unique(y)
-    train_classes = classes[: len(classes) // 2]
-    train = np.isin(y, train_classes)
+    if split == "classes":
+        classes = np.unique(y)
+        train = np.isin(y, classes[: len(classes) // 2])
+    elif split == "samples":
+        rank_in_class = np.zeros(len(y), int)
+        for c in np.unique(y):
+            rank_in_class[y == c] = np.arange(np.sum(y == c))
+        train = rank_in_class % 4 != 0
+    else:
+        raise ValueError(f"compare_losses: split must be 'classes' or 'samples', got {split!r}")
     x_train, y_train, x_test, y_test = x[train], y[train], x[~train], y[~train]
     results = {"raw features": labelled_retrieval_metrics(x_test / np.linalg.norm(x_test, axis=1, keepdims=True),
                                                           y_test, ks=ks, seed=seed)}
     tf.keras.utils.set_random_seed(seed)
     untrained = _embedding_model(x.shape[1], embedding_dim, train_kwargs.get("hidden", 64), seed)
-    results["untrained"] = labelled_retrieval_metrics(untrained.predict(x_test, verbose=0), y_test, ks=ks, seed=seed)
+    results["untrained"] = labelled_retrieval_metrics(untrained(x_test, training=False).numpy(), y_test, ks=ks, seed=seed)
     for name in loss_names:
         loss = get_loss(name)
+        name = name if isinstance(name, str) else type(loss).__name__
         start = time.perf_counter()
         model = train_embedding(loss, x_train, y_train, embedding_dim=embedding_dim, steps=steps, seed=seed,
                                 **train_kwargs)
         seconds = time.perf_counter() - start
-        results[name] = labelled_retrieval_metrics(model.predict(x_test, verbose=0), y_test, ks=ks, seed=seed)
+        results[name] = labelled_retrieval_metrics(model(x_test, training=False).numpy(), y_test, ks=ks, seed=seed)
         results[name]["train_seconds"] = seconds
     return results
 
@@ -153,13 +163,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--classes", type=int, default=40, help="generated classes (half train, half test)")
     parser.add_argument("--per-class", type=int, default=30)
     parser.add_argument("--embedding-dim", type=int, default=16)
+    parser.add_argument("--split", choices=["classes", "samples"], default="classes",
+                        help="test on unseen classes (DML protocol) or on held-out samples of the training classes")
     parser.add_argument("--seed", type=int, default=0)
 
 
 def run(args) -> int:
     data = make_labelled_data(num_classes=args.classes, per_class=args.per_class, seed=args.seed)
     results = compare_losses(args.losses, data=data, steps=args.steps, embedding_dim=args.embedding_dim,
-                             seed=args.seed)
+                             split=args.split, seed=args.seed)
     print(format_table(results))
     return 0
 
