@@ -18,6 +18,10 @@ COMMANDS = {
     "query": ("ce_retrieval.serving.searcher", "search an exported index with captions"),
     "serve": ("ce_retrieval.serving.service", "HTTP JSON retrieval service over an export"),
     "losses": ("ce_retrieval.losses.cli", "train a small embedding on generated data with a chosen loss"),
+    "dml-compare": (
+        "ce_retrieval.training.dml_comparison",
+        "train small embeddings with several metric-learning losses and compare labelled retrieval metrics",
+    ),
 }
 
 

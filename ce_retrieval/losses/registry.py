@@ -5,14 +5,17 @@
 """
 from __future__ import annotations
 
+import re
+
 import tensorflow as tf
 
 _LOSSES: dict[str, type] = {}
 
 
 def _aliases(cls_name: str) -> set[str]:
-    snake = "".join(("_" + c.lower()) if c.isupper() and i else c.lower() for i, c in enumerate(cls_name))
-    return {cls_name, cls_name.lower(), snake.replace("__", "_")}
+    # CrossExampleSoftmax -> cross_example_softmax, NCALoss -> nca_loss, LMNNLoss -> lmnn_loss
+    snake = re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", cls_name).lower()
+    return {cls_name, cls_name.lower(), snake}
 
 
 def register(cls):
