@@ -1,0 +1,114 @@
+"""Input pipelines: examples of any configured source as ``tf.data`` and whole splits for retrieval evaluation.
+
+``load_examples`` yields one unbatched ``{"caption", "image", "image_id"}`` dict per caption (schema.py).
+``train_pipeline`` shuffles (seeded), repeats, batches with ``drop_remainder=True`` and prefetches. Two captions
+of one image may share a batch; the relevance matrix is built from ``image_id``, so they count as positives.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+import tensorflow as tf
+
+from ce_retrieval.data import synthetic
+from ce_retrieval.data.config import SPLITS, DataConfig
+from ce_retrieval.data.schema import CAPTION, IMAGE, IMAGE_ID, RetrievalSplit
+
+
+def _check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+
+
+def _indexed_dataset(captions, caption_image_index, images, image_ids) -> tf.data.Dataset:
+    """Captions with the index of their image; image bytes are gathered from one table (stored once)."""
+    image_table = tf.constant(images, tf.string)
+    id_table = tf.constant(np.asarray(image_ids, np.int64), tf.int64)
+    base = tf.data.Dataset.from_tensor_slices(
+        (tf.constant(captions, tf.string), tf.constant(np.asarray(caption_image_index, np.int64), tf.int64))
+    )
+    return base.map(
+        lambda caption, index: {CAPTION: caption, IMAGE: tf.gather(image_table, index), IMAGE_ID: tf.gather(id_table, index)},
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=True,
+    )
+
+
+def _synthetic_split(cfg: DataConfig, split: str):
+    if cfg.cache_dir:
+        from ce_retrieval.data import synthetic_cache
+
+        return synthetic_cache.load_or_generate(cfg, split)
+    return synthetic.split_from_config(cfg, split)
+
+
+def load_examples(cfg: DataConfig, split: str) -> tf.data.Dataset:
+    """Unbatched ``{"caption": string, "image": string (PNG/JPEG bytes), "image_id": int64}``, one per caption."""
+    _check_split(split)
+    if cfg.name == "synthetic":
+        data = _synthetic_split(cfg, split)
+        captions, _, index = data.flat_captions()
+        return _indexed_dataset(captions, index, data.images, data.image_ids)
+    from ce_retrieval.data import sources
+
+    return sources.load_examples(cfg, split)
+
+
+def train_pipeline(
+    cfg: DataConfig, split: str, batch_size: int, seed: int, shuffle: bool = True, repeat: bool = True
+) -> tf.data.Dataset:
+    """Batches of ``batch_size`` examples (``drop_remainder=True``), shuffled with ``seed``, repeated, prefetched."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    dataset = load_examples(cfg, split)
+    cardinality = int(dataset.cardinality())
+    if cardinality >= 0 and cardinality < batch_size and not repeat:
+        raise ValueError(f"split {split!r} has {cardinality} examples, fewer than one batch of {batch_size}")
+    if shuffle:
+        buffer = cfg.shuffle_buffer if cardinality < 0 else max(1, min(cfg.shuffle_buffer, cardinality))
+        dataset = dataset.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
+    if repeat:
+        dataset = dataset.repeat()
+    return dataset.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+
+def load_retrieval_split(cfg: DataConfig, split: str) -> RetrievalSplit:
+    """All captions (queries) and unique images (documents) of a split, for evaluation."""
+    _check_split(split)
+    if cfg.name == "synthetic":
+        data = _synthetic_split(cfg, split)
+        captions, caption_ids, _ = data.flat_captions()
+        return RetrievalSplit(captions, caption_ids, list(data.images), data.image_ids, name=f"synthetic/{split}")
+    from ce_retrieval.data import sources
+
+    return sources.load_retrieval_split(cfg, split)
+
+
+def training_captions(cfg: DataConfig) -> list[str]:
+    """Every caption of the training split (the corpus a vocabulary is learned from)."""
+    if cfg.name == "synthetic":
+        return _synthetic_split(cfg, "train").flat_captions()[0]
+    from ce_retrieval.data import sources
+
+    return sources.training_captions(cfg)
+
+
+def vocab_path_for(cfg: DataConfig, workdir: str) -> str:
+    """Path of ``workdir/vocab.txt``: a copy of ``cfg.vocab_path`` if given, else learned from the training
+    captions (deterministic for a given config). An existing ``workdir/vocab.txt`` is reused."""
+    from ce_retrieval.data import vocab
+
+    os.makedirs(workdir, exist_ok=True)
+    path = os.path.join(workdir, "vocab.txt")
+    if os.path.exists(path):
+        vocab.read_vocab(path)
+        return path
+    if cfg.vocab_path:
+        vocab.read_vocab(cfg.vocab_path)
+        if os.path.abspath(cfg.vocab_path) != os.path.abspath(path):
+            shutil.copyfile(cfg.vocab_path, path)
+        return path
+    tokens = vocab.build_vocab(training_captions(cfg), vocab_size=cfg.vocab_size)
+    return vocab.write_vocab(tokens, path)
