@@ -112,3 +112,18 @@ def vocab_path_for(cfg: DataConfig, workdir: str) -> str:
         return path
     tokens = vocab.build_vocab(training_captions(cfg), vocab_size=cfg.vocab_size)
     return vocab.write_vocab(tokens, path)
+
+
+def load_report(cfg: DataConfig, split: str):
+    """The :class:`~ce_retrieval.data.report.LoadReport` of a real-format split (rows read, skipped and why).
+    The synthetic set has no bad rows; its report counts its examples and images."""
+    _check_split(split)
+    if cfg.name == "synthetic":
+        from ce_retrieval.data.report import LoadReport
+
+        data = _synthetic_split(cfg, split)
+        n = sum(len(c) for c in data.captions)
+        return LoadReport(source="synthetic", split=split, rows=n, examples=n, images=len(data.images))
+    from ce_retrieval.data import sources
+
+    return sources.load_report(cfg, split)
