@@ -155,42 +155,42 @@ def scan_tsv(cfg: DataConfig, split: str) -> ScannedSplit:
     tsv = cfg.tsv_path.get(split)
     builder = _SplitBuilder(cfg, f"cc_tsv {tsv}", split)
     with open(tsv, "rb") as f:
-        lines = f.read().split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()
-    start = 1 if cfg.tsv_header else 0
-    for row, line in enumerate(lines[start:]):
-        line_no = row + start + 1
-        builder.report.rows += 1
-        where = f"{tsv}:{line_no}"
-        try:
-            text = line.rstrip(b"\r").decode("utf-8")
-        except UnicodeDecodeError as exc:
-            builder.bad_row(f"{where}: row is not valid UTF-8 ({exc})")
-            continue
-        columns = text.split("\t")
-        if len(columns) != 2:
-            builder.bad_row(f"{where}: expected 2 tab-separated columns (caption, image), got {len(columns)}")
-            continue
-        caption, image = columns
-        problem = caption_problem(caption) or (None if image.strip() else "empty image column")
-        if problem:
-            builder.bad_row(f"{where}: {problem}")
-            continue
-        path = _tsv_image_path(cfg, image.strip())
-        image_id = row if cfg.tsv_image_id == "row" else _hash_id(path)
-        if cfg.tsv_image_id == "row" and path in builder.by_path:
-            # One file named on several rows: with row ids each row is its own image document.
-            path_key = f"{path}#row{row}"
-            builder.by_path[path_key] = len(builder.paths)
-            builder.paths.append(path)
-            builder.ids.append(image_id)
-            builder.caption(caption, builder.by_path[path_key])
-            continue
-        image_index = builder.image(path, image_id, where)
-        if image_index is not None:
-            builder.caption(caption, image_index)
+        for line_no, line in enumerate(f, start=1):
+            if line_no == 1 and cfg.tsv_header:
+                continue
+            _tsv_row(cfg, builder, tsv, line_no, line.rstrip(b"\n"), row=line_no - 1 - int(cfg.tsv_header))
     return builder.build()
+
+
+def _tsv_row(cfg: DataConfig, builder: _SplitBuilder, tsv: str, line_no: int, line: bytes, row: int) -> None:
+    """Validate one ``caption<TAB>image`` row (``row`` is the 0-based data-row index) and add it."""
+    builder.report.rows += 1
+    where = f"{tsv}:{line_no}"
+    try:
+        text = line.rstrip(b"\r").decode("utf-8")
+    except UnicodeDecodeError as exc:
+        builder.bad_row(f"{where}: row is not valid UTF-8 ({exc})")
+        return
+    columns = text.split("\t")
+    if len(columns) != 2:
+        builder.bad_row(f"{where}: expected 2 tab-separated columns (caption, image), got {len(columns)}")
+        return
+    caption, image = columns
+    problem = caption_problem(caption) or (None if image.strip() else "empty image column")
+    if problem:
+        builder.bad_row(f"{where}: {problem}")
+        return
+    path = _tsv_image_path(cfg, image.strip())
+    image_id = row if cfg.tsv_image_id == "row" else _hash_id(path)
+    image_index = builder.image(path, image_id, where)
+    if image_index is None:
+        return
+    if cfg.tsv_image_id == "row" and builder.ids[image_index] != image_id:
+        # The file was already named on an earlier row: with row ids every row is its own image document.
+        image_index = len(builder.paths)
+        builder.paths.append(path)
+        builder.ids.append(image_id)
+    builder.caption(caption, image_index)
 
 
 _SCANS: dict[tuple[str, str], ScannedSplit] = {}

@@ -92,7 +92,7 @@ def iterate_records(pattern: str):
                 caption = feats[CAPTION].bytes_list.value[0]
                 image = feats[IMAGE].bytes_list.value[0]
                 image_id = int(feats[IMAGE_ID].int64_list.value[0])
-            except (IndexError, KeyError, ValueError, Exception):  # noqa: B014 - protobuf DecodeError included
+            except Exception:  # protobuf DecodeError, missing feature (IndexError / KeyError)
                 yield path, index, None, None, None
                 continue
             yield path, index, caption, image, image_id
