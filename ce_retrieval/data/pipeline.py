@@ -1,88 +1,129 @@
-"""Input pipelines: one ``tf.data`` contract for every source (see ``schema.py``).
+"""Input pipelines: examples of any configured source as ``tf.data`` and whole splits for retrieval evaluation.
 
-``load_examples`` gives unbatched ``{caption, image, image_id}`` elements (one per caption); ``train_pipeline``
-shuffles (seeded), repeats and batches them with ``drop_remainder=True`` (a fixed global batch for
-``tf.distribute``); ``load_retrieval_split`` gives a whole split for evaluation; ``vocab_path_for`` the text
-tower's WordPiece vocab. Two captions of one image can land in the same batch: the train step builds the
-relevance matrix from ``image_id``, so they are both positives of that image, never negatives.
+``load_examples`` yields one unbatched ``{"caption", "image", "image_id"}`` dict per caption (schema.py).
+``train_pipeline`` shuffles (seeded), repeats, batches with ``drop_remainder=True`` and prefetches. Two captions
+of one image may share a batch; the relevance matrix is built from ``image_id``, so they count as positives.
 """
 from __future__ import annotations
 
 import os
+import shutil
 
 import numpy as np
 import tensorflow as tf
 
+from ce_retrieval.data import synthetic
+from ce_retrieval.data.config import SPLITS, DataConfig
 from ce_retrieval.data.schema import CAPTION, IMAGE, IMAGE_ID, RetrievalSplit
 
 
-def _source_split(cfg, split: str):
-    """(captions [N], caption image ids [N], images [M] bytes, image ids [M]) of a split of any source."""
-    if cfg.name == "synthetic":
-        from ce_retrieval.data.synthetic import split_from_config
-
-        s = split_from_config(cfg, split)
-        captions, caption_ids, _ = s.flat_captions()
-        return captions, caption_ids, s.images, s.image_ids
-    from ce_retrieval.data import loaders  # real formats (Karpathy JSON, CC TSV, TFRecords)
-
-    return loaders.load_source_split(cfg, split)
+def _check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
 
 
-def load_retrieval_split(cfg, split: str) -> RetrievalSplit:
-    captions, caption_ids, images, image_ids = _source_split(cfg, split)
-    return RetrievalSplit(list(captions), caption_ids, list(images), image_ids, name=split)
-
-
-def load_examples(cfg, split: str) -> tf.data.Dataset:
-    """Unbatched ``{"caption", "image", "image_id"}`` elements, one per caption, in a fixed order."""
-    if cfg.name == "tfrecord":
-        from ce_retrieval.data import loaders
-
-        return loaders.tfrecord_examples(cfg, split)
-    captions, caption_ids, images, image_ids = _source_split(cfg, split)
-    if len(captions) == 0:
-        raise ValueError(f"split {split!r} of the {cfg.name} dataset has no captions")
-    row_of_id = {int(i): r for r, i in enumerate(np.asarray(image_ids))}
-    missing = [int(i) for i in caption_ids if int(i) not in row_of_id]
-    if missing:
-        raise ValueError(f"{len(missing)} captions of split {split!r} refer to images that are not loaded (e.g. id {missing[0]})")
-    rows = np.asarray([row_of_id[int(i)] for i in caption_ids], np.int64)
-    image_table = tf.constant(list(images), dtype=tf.string)
-    ds = tf.data.Dataset.from_tensor_slices(
-        {CAPTION: tf.constant(list(captions), tf.string), "row": rows, IMAGE_ID: np.asarray(caption_ids, np.int64)}
+def _indexed_dataset(captions, caption_image_index, images, image_ids) -> tf.data.Dataset:
+    """Captions with the index of their image; image bytes are gathered from one table (stored once)."""
+    image_table = tf.constant(images, tf.string)
+    id_table = tf.constant(np.asarray(image_ids, np.int64), tf.int64)
+    base = tf.data.Dataset.from_tensor_slices(
+        (tf.constant(captions, tf.string), tf.constant(np.asarray(caption_image_index, np.int64), tf.int64))
     )
-    return ds.map(
-        lambda e: {CAPTION: e[CAPTION], IMAGE: tf.gather(image_table, e["row"]), IMAGE_ID: e[IMAGE_ID]},
+    return base.map(
+        lambda caption, index: {CAPTION: caption, IMAGE: tf.gather(image_table, index), IMAGE_ID: tf.gather(id_table, index)},
         num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=True,
     )
 
 
-def train_pipeline(cfg, split: str, batch_size: int, seed: int = 0, shuffle: bool = True, repeat: bool = True):
-    """Batched (``drop_remainder=True``), shuffled with ``seed``, repeated, prefetched."""
+def _synthetic_split(cfg: DataConfig, split: str):
+    if cfg.cache_dir:
+        from ce_retrieval.data import synthetic_cache
+
+        return synthetic_cache.load_or_generate(cfg, split)
+    return synthetic.split_from_config(cfg, split)
+
+
+def load_examples(cfg: DataConfig, split: str) -> tf.data.Dataset:
+    """Unbatched ``{"caption": string, "image": string (PNG/JPEG bytes), "image_id": int64}``, one per caption."""
+    _check_split(split)
+    if cfg.name == "synthetic":
+        data = _synthetic_split(cfg, split)
+        captions, _, index = data.flat_captions()
+        return _indexed_dataset(captions, index, data.images, data.image_ids)
+    from ce_retrieval.data import sources
+
+    return sources.load_examples(cfg, split)
+
+
+def train_pipeline(
+    cfg: DataConfig, split: str, batch_size: int, seed: int, shuffle: bool = True, repeat: bool = True
+) -> tf.data.Dataset:
+    """Batches of ``batch_size`` examples (``drop_remainder=True``), shuffled with ``seed``, repeated, prefetched."""
     if batch_size < 1:
-        raise ValueError(f"batch_size must be positive, got {batch_size}")
-    ds = load_examples(cfg, split)
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    dataset = load_examples(cfg, split)
+    cardinality = int(dataset.cardinality())
+    if cardinality >= 0 and cardinality < batch_size and not repeat:
+        raise ValueError(f"split {split!r} has {cardinality} examples, fewer than one batch of {batch_size}")
     if shuffle:
-        size = int(tf.data.experimental.cardinality(ds).numpy())
-        buffer = cfg.shuffle_buffer if size < 0 else max(1, min(size, cfg.shuffle_buffer))
-        ds = ds.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
+        buffer = cfg.shuffle_buffer if cardinality < 0 else max(1, min(cfg.shuffle_buffer, cardinality))
+        dataset = dataset.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
     if repeat:
-        ds = ds.repeat()
-    return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+        dataset = dataset.repeat()
+    return dataset.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
-def vocab_path_for(cfg, workdir: str) -> str:
-    """``cfg.vocab_path`` if given, else a WordPiece vocab built from the training captions into ``workdir``."""
+def load_retrieval_split(cfg: DataConfig, split: str) -> RetrievalSplit:
+    """All captions (queries) and unique images (documents) of a split, for evaluation."""
+    _check_split(split)
+    if cfg.name == "synthetic":
+        data = _synthetic_split(cfg, split)
+        captions, caption_ids, _ = data.flat_captions()
+        return RetrievalSplit(captions, caption_ids, list(data.images), data.image_ids, name=f"synthetic/{split}")
+    from ce_retrieval.data import sources
+
+    return sources.load_retrieval_split(cfg, split)
+
+
+def training_captions(cfg: DataConfig) -> list[str]:
+    """Every caption of the training split (the corpus a vocabulary is learned from)."""
+    if cfg.name == "synthetic":
+        return _synthetic_split(cfg, "train").flat_captions()[0]
+    from ce_retrieval.data import sources
+
+    return sources.training_captions(cfg)
+
+
+def vocab_path_for(cfg: DataConfig, workdir: str) -> str:
+    """Path of ``workdir/vocab.txt``: a copy of ``cfg.vocab_path`` if given, else learned from the training
+    captions (deterministic for a given config). An existing ``workdir/vocab.txt`` is reused."""
+    from ce_retrieval.data import vocab
+
+    os.makedirs(workdir, exist_ok=True)
+    path = os.path.join(workdir, "vocab.txt")
+    if os.path.exists(path):
+        vocab.read_vocab(path)
+        return path
     if cfg.vocab_path:
-        if not os.path.exists(cfg.vocab_path):
-            raise FileNotFoundError(f"data.vocab_path {cfg.vocab_path} does not exist")
-        return cfg.vocab_path
-    from ce_retrieval.data.vocab import build_wordpiece_vocab, write_vocab
+        vocab.read_vocab(cfg.vocab_path)
+        if os.path.abspath(cfg.vocab_path) != os.path.abspath(path):
+            shutil.copyfile(cfg.vocab_path, path)
+        return path
+    tokens = vocab.build_vocab(training_captions(cfg), vocab_size=cfg.vocab_size)
+    return vocab.write_vocab(tokens, path)
 
-    path = os.path.join(workdir, f"vocab-{cfg.fingerprint()}-{cfg.vocab_size}.txt")
-    if not os.path.exists(path):
-        captions, _, _, _ = _source_split(cfg, "train")
-        write_vocab(build_wordpiece_vocab(captions, cfg.vocab_size), path)
-    return path
+
+def load_report(cfg: DataConfig, split: str):
+    """The :class:`~ce_retrieval.data.report.LoadReport` of a real-format split (rows read, skipped and why).
+    The synthetic set has no bad rows; its report counts its examples and images."""
+    _check_split(split)
+    if cfg.name == "synthetic":
+        from ce_retrieval.data.report import LoadReport
+
+        data = _synthetic_split(cfg, split)
+        n = sum(len(c) for c in data.captions)
+        return LoadReport(source="synthetic", split=split, rows=n, examples=n, images=len(data.images))
+    from ce_retrieval.data import sources
+
+    return sources.load_report(cfg, split)

@@ -68,7 +68,7 @@ BACKGROUNDS: dict[str, tuple[tuple[int, int, int], float, tuple[str, ...]]] = {
     "dark": ((22, 22, 28), 5.0, ("dark", "black")),
     "gray": ((125, 125, 125), 5.0, ("gray", "grey")),
     "light": ((228, 228, 222), 5.0, ("light", "white", "pale")),
-    "speckled": ((95, 95, 100), 38.0, ("speckled", "noisy", "grainy")),
+    "speckled": ((95, 95, 100), 26.0, ("speckled", "noisy", "grainy")),
 }
 # Radius as a fraction of the image side, per size (clipped to the object's layout cell).
 _RADIUS = {"small": (0.055, 0.08), "large": (0.13, 0.17)}
@@ -253,7 +253,7 @@ def _polygon(shape: str, cx: float, cy: float, r: float, angle: float) -> list[t
         theta = np.arange(k) * 2 * np.pi / k
     else:
         rad = np.resize(np.asarray(radii, dtype=float), k)
-    pts = list(zip((rad * np.cos(theta)).tolist(), (rad * np.sin(theta)).tolist(), strict=False))
+    pts = list(zip((rad * np.cos(theta)).tolist(), (rad * np.sin(theta)).tolist(), strict=True))
     return _rotate(pts, cx, cy, angle)
 
 
@@ -283,7 +283,7 @@ def _layout(rng: np.random.Generator, scene: Scene, size: int) -> list[tuple[int
         left, right = (0.0, 0.0, half, float(size)), (half, 0.0, float(size), float(size))
         regions = [left, right] if scene.relation == "left" else [right, left]
     placed = []
-    for g, (group, (x0, y0, x1, y1)) in enumerate(zip(scene.groups, regions, strict=False)):
+    for g, (group, (x0, y0, x1, y1)) in enumerate(zip(scene.groups, regions, strict=True)):
         w, h = x1 - x0, y1 - y0
         along_x = w > h or (w == h and rng.random() < 0.5)
         for k in range(group.count):

@@ -1,51 +1,71 @@
-"""WordPiece vocabularies for the text tower, built from a caption corpus with tensorflow-text's tools.
+"""WordPiece vocabularies for the text tower, learned with tensorflow-text's BERT vocab tools.
 
-The vocab starts with BERT's special tokens ([PAD] = 0, [UNK], [CLS], [SEP], [MASK]) and is lower-cased the way
-``tensorflow_text.BertTokenizer(lower_case=True)`` normalises text, so the in-graph tokenizer of the text tower
-maps the corpus to few [UNK] tokens.
+A vocabulary is a list of tokens, one per line; line number = token id. It starts with the BERT special tokens
+``[PAD]`` (id 0), ``[UNK]``, ``[CLS]``, ``[SEP]``, ``[MASK]``, followed by the tokens that
+``tensorflow_text.tools.wordpiece_vocab.bert_vocab_from_dataset`` learns from a corpus after the same
+normalisation ``tensorflow_text.BertTokenizer(vocab, lower_case=True)`` applies (case folding, accent
+stripping, punctuation splitting), so a tokenizer built from the file sees exactly the words it was learned on.
 """
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
-RESERVED_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+import tensorflow as tf
+
+RESERVED_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+TOKENIZER_PARAMS = {"lower_case": True}
 
 
-def build_wordpiece_vocab(captions, vocab_size: int = 8000) -> list[str]:
-    """A WordPiece vocab learned from ``captions`` (``tensorflow_text`` ``bert_vocab_from_dataset``)."""
-    import tensorflow as tf
-    from tensorflow_text.tools.wordpiece_vocab import bert_vocab_from_dataset as bert_vocab
+def build_vocab(corpus: Iterable[str] | tf.data.Dataset, vocab_size: int = 8000, batch_size: int = 1024) -> list[str]:
+    """Learn a WordPiece vocabulary of at most ``vocab_size`` tokens (specials included) from ``corpus``."""
+    from tensorflow_text.tools.wordpiece_vocab.bert_vocab_from_dataset import bert_vocab_from_dataset
 
-    captions = [c for c in captions if c and c.strip()]
-    if not captions:
-        raise ValueError("cannot build a vocab from an empty corpus")
-    dataset = tf.data.Dataset.from_tensor_slices(captions).batch(1024)
-    vocab = bert_vocab.bert_vocab_from_dataset(
-        dataset,
+    if vocab_size <= len(RESERVED_TOKENS):
+        raise ValueError(f"vocab_size must exceed the {len(RESERVED_TOKENS)} special tokens, got {vocab_size}")
+    if isinstance(corpus, tf.data.Dataset):
+        dataset = corpus
+    else:
+        texts = [str(t) for t in corpus]
+        if not texts:
+            raise ValueError("build_vocab: the corpus is empty")
+        dataset = tf.data.Dataset.from_tensor_slices(tf.constant(texts, tf.string))
+    vocab = bert_vocab_from_dataset(
+        dataset.batch(batch_size).prefetch(2),
         vocab_size=vocab_size,
-        reserved_tokens=RESERVED_TOKENS,
-        bert_tokenizer_params={"lower_case": True},
+        reserved_tokens=list(RESERVED_TOKENS),
+        bert_tokenizer_params=TOKENIZER_PARAMS,
         learn_params={},
     )
+    if list(vocab[: len(RESERVED_TOKENS)]) != list(RESERVED_TOKENS):
+        raise RuntimeError(f"special tokens were not placed first: {vocab[:len(RESERVED_TOKENS)]}")
     return list(vocab)
 
 
-def write_vocab(tokens: list[str], path: str) -> str:
-    """Writes one token per line atomically; returns ``path``."""
-    from ce_retrieval.utils.atomic import atomic_write_text
-
-    if not tokens or tokens[0] != "[PAD]":
-        raise ValueError("a BERT vocab must start with [PAD] (id 0)")
-    atomic_write_text(path, "\n".join(tokens) + "\n")
+def write_vocab(vocab: list[str], path: str) -> str:
+    """Write one token per line (UTF-8); the parent folder is created. Returns ``path``."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.writelines(token + "\n" for token in vocab)
+    os.replace(tmp, path)
     return path
 
 
 def read_vocab(path: str) -> list[str]:
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"vocab file {path} does not exist")
+    """Tokens of a vocab file, validated to start with the BERT special tokens."""
     with open(path, encoding="utf-8") as f:
-        tokens = [line.rstrip("\n") for line in f if line.strip()]
-    missing = [t for t in RESERVED_TOKENS[:4] if t not in tokens]
-    if missing:
-        raise ValueError(f"vocab file {path} lacks the special tokens {missing}")
-    return tokens
+        vocab = [line.rstrip("\n") for line in f]
+    if vocab[: len(RESERVED_TOKENS)] != list(RESERVED_TOKENS):
+        raise ValueError(f"{path}: a vocab must start with {RESERVED_TOKENS}, got {vocab[:len(RESERVED_TOKENS)]}")
+    if len(set(vocab)) != len(vocab):
+        raise ValueError(f"{path}: duplicate tokens in vocab")
+    return vocab
+
+
+def tokenizer(vocab_path: str):
+    """The matching ``tensorflow_text.BertTokenizer`` (lower_case=True, [UNK] for out-of-vocab words)."""
+    import tensorflow_text as tf_text
+
+    return tf_text.BertTokenizer(vocab_path, token_out_type=tf.int64, unknown_token="[UNK]", **TOKENIZER_PARAMS)

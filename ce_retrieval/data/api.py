@@ -1,0 +1,34 @@
+"""Public data API (re-exported by ``ce_retrieval.data``)."""
+from ce_retrieval.data.config import DataConfig, SplitPaths
+from ce_retrieval.data.pipeline import (
+    load_examples,
+    load_report,
+    load_retrieval_split,
+    train_pipeline,
+    training_captions,
+    vocab_path_for,
+)
+from ce_retrieval.data.report import DataError, LoadReport
+from ce_retrieval.data.synthetic import distractor_images
+from ce_retrieval.data.tfrecords import FEATURE_SPEC, read_tfrecords, write_tfrecords
+from ce_retrieval.data.vocab import build_vocab, read_vocab, write_vocab
+
+__all__ = [
+    "FEATURE_SPEC",
+    "DataConfig",
+    "DataError",
+    "LoadReport",
+    "SplitPaths",
+    "build_vocab",
+    "distractor_images",
+    "load_examples",
+    "load_report",
+    "load_retrieval_split",
+    "read_tfrecords",
+    "read_vocab",
+    "train_pipeline",
+    "training_captions",
+    "vocab_path_for",
+    "write_tfrecords",
+    "write_vocab",
+]

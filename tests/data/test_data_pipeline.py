@@ -1,0 +1,90 @@
+"""tf.data pipelines over the synthetic set, the disk cache, and vocab_path_for."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from ce_retrieval.data import (
+    DataConfig,
+    load_examples,
+    load_report,
+    load_retrieval_split,
+    read_vocab,
+    synthetic_cache,
+    train_pipeline,
+    vocab_path_for,
+)
+from ce_retrieval.data.vocab import tokenizer
+
+CFG = DataConfig(num_train_images=40, num_val_images=12, num_test_images=16, image_size=32, seed=5)
+
+
+def test_load_examples_one_element_per_caption():
+    ds = load_examples(CFG, "val")
+    spec = ds.element_spec
+    assert spec["caption"].dtype == tf.string and spec["image"].dtype == tf.string
+    assert spec["image_id"].dtype == tf.int64 and spec["caption"].shape.rank == 0
+    elements = list(ds.as_numpy_iterator())
+    assert len(elements) == 12 * 5
+    ids = np.array([e["image_id"] for e in elements])
+    assert np.array_equal(np.unique(ids, return_counts=True)[1], np.full(12, 5))
+    image = tf.io.decode_png(elements[0]["image"])
+    assert image.shape == (32, 32, 3)
+    # All captions of one image carry that image's bytes.
+    by_id = {}
+    for e in elements:
+        assert by_id.setdefault(e["image_id"], e["image"]) == e["image"]
+    assert load_report(CFG, "val").examples == 60
+
+
+def test_train_pipeline_batches_shuffles_by_seed_and_repeats():
+    ds = train_pipeline(CFG, "train", batch_size=16, seed=3)
+    assert ds.element_spec["caption"].shape.as_list() == [16]
+    first = [b["image_id"].numpy() for b in ds.take(30)]  # 480 > 200 captions: repeats
+    again = [b["image_id"].numpy() for b in train_pipeline(CFG, "train", batch_size=16, seed=3).take(30)]
+    other = [b["image_id"].numpy() for b in train_pipeline(CFG, "train", batch_size=16, seed=4).take(1)]
+    assert all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))
+    assert not np.array_equal(first[0], other[0])
+    assert not np.array_equal(first[0], np.sort(first[0]))
+    once = list(train_pipeline(CFG, "train", batch_size=64, seed=0, shuffle=False, repeat=False))
+    assert len(once) == 200 // 64  # drop_remainder
+
+
+def test_retrieval_split_matches_examples():
+    split = load_retrieval_split(CFG, "test")
+    assert len(split.images) == 16 and len(split.captions) == 80
+    assert set(split.caption_ids.tolist()) == set(split.image_ids.tolist())
+    examples = list(load_examples(CFG, "test").as_numpy_iterator())
+    assert [e["caption"].decode() for e in examples] == split.captions
+    assert not set(split.image_ids.tolist()) & set(load_retrieval_split(CFG, "train").image_ids.tolist())
+
+
+def test_disk_cache_round_trip(tmp_path):
+    cfg = DataConfig(num_train_images=8, num_val_images=6, num_test_images=4, image_size=24, cache_dir=str(tmp_path))
+    fresh = load_retrieval_split(cfg, "val")  # generates and writes
+    path = synthetic_cache.cache_path(cfg, "val")
+    cached = synthetic_cache.load_or_generate(cfg, "val")  # reads the file
+    assert tf.io.gfile.exists(path)
+    assert cached.images == fresh.images
+    assert cached.flat_captions()[0] == fresh.captions
+    assert np.array_equal(cached.image_ids, fresh.image_ids)
+
+
+def test_vocab_path_for_builds_and_reuses(tmp_path):
+    path = vocab_path_for(CFG, str(tmp_path / "run"))
+    vocab = read_vocab(path)
+    assert vocab[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    captions = load_retrieval_split(CFG, "train").captions
+    ids = tokenizer(path).tokenize(captions).merge_dims(-2, -1).flat_values.numpy()
+    assert (ids == 1).mean() == 0.0  # no [UNK] on the corpus it was learned from
+    # A given vocab is copied into the workdir, which then owns it.
+    copied = vocab_path_for(DataConfig(vocab_path=path), str(tmp_path / "other"))
+    assert read_vocab(copied) == vocab and copied.endswith("other/vocab.txt")
+
+
+def test_bad_split_and_batch_are_named():
+    with pytest.raises(ValueError, match="split"):
+        load_examples(CFG, "dev")
+    with pytest.raises(ValueError, match="batch_size"):
+        train_pipeline(CFG, "train", batch_size=0, seed=0)
+    with pytest.raises(ValueError, match="name"):
+        DataConfig(name="coco")
