@@ -305,11 +305,12 @@ BRANCH_COVER = [
 
 
 def test_jit_matches_eager():
-    """The branch-covering objectives in one XLA cluster (one compile) against eager execution."""
+    """In one XLA cluster (one compile), against eager execution, the branch-covering objectives that the
+    model.fit tests below do not already compile (those fit nca x linear-ms and circle x sigmoid-ms)."""
     x, y = _features(n=8, seed=4)
     s = tf.constant(x @ y.T)
     r = tf.constant(_layout("duplicate_ids", n=8))
-    losses = [GradientObjective(tw, pw) for tw, pw in BRANCH_COVER]
+    losses = [GradientObjective(tw, pw) for tw, pw in BRANCH_COVER[:3]]
 
     def values_and_grads(s_):
         with tf.GradientTape(persistent=True) as tape:
@@ -485,4 +486,5 @@ def test_circle_sigmoid_ms_training_improves_recall():
     model.compile(tf.keras.optimizers.Adam(0.01), loss=GradientObjective("circle", "sigmoid-ms"))
     model.fit(_dataset(images[:512], texts[:512], 32).repeat(), steps_per_epoch=100, epochs=1, verbose=0)
     after = _recall_at_1(embed, images[512:], texts[512:])
+    print(f"recall@1 {before:.3f} -> {after:.3f}")
     assert after > before + 0.4, (before, after)
