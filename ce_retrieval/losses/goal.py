@@ -19,9 +19,10 @@ with a triplet weight ``t = w_t(p, n)`` and pair weights ``wp, wn`` (all constan
 
 (the text anchor uses column i instead of row i). Since ``S = X Y^T``, back-propagating ``W`` through ``S``
 gives exactly goal.md's per-feature gradients ``dL/dX = W Y`` and ``dL/dY = W^T X``; it is attached to ``S``
-with ``tf.custom_gradient``, vectorised: one masked matrix, two max and two first-index reductions mine the negatives, the
-MS sets cost one more pass over ``S`` (shared by both directions) and a sort + searchsorted over the ``N``
-pair scores, and ``W`` (3N non-zeros) is scattered in the backward pass only; no loop over the batch.
+with ``tf.custom_gradient``. Vectorised, no loop over the batch: one masked matrix with two max and two
+first-index reductions mines the negatives, the MS sets cost one more pass over ``S`` (shared by both
+directions) and a sort + searchsorted over the ``N`` pair scores, and ``W`` (3N non-zeros) is scattered in
+the backward pass only. Scores are expected to be cosine similarities (goal.md's L2-normalised features).
 
 Value versus gradient. The number returned (and logged by ``model.fit`` as ``loss``; the default name is
 ``goal_value``) is goal.md's *logging value* ``Sum_i (n_i - p_i) + Sum_i (n'_i - p_i)``, divided by the number
