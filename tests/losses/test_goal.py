@@ -449,7 +449,18 @@ _DISTRIBUTED = textwrap.dedent(
     value, grads = strategy.run(replica_step, args=shards)
     value = strategy.reduce("SUM", value, axis=None)
     grads = [strategy.reduce("SUM", g, axis=None) for g in grads]
+    with strategy.scope():  # and model.fit on per-replica (local) similarity matrices
+        a, b = tf.keras.Input((6,)), tf.keras.Input((5,))
+        x = tf.math.l2_normalize(tf.keras.layers.Dense(4)(a), axis=1)
+        y = tf.math.l2_normalize(tf.keras.layers.Dense(4)(b), axis=1)
+        model = tf.keras.Model([a, b], tf.matmul(y, x, transpose_b=True))
+        model.compile(tf.keras.optimizers.SGD(0.1), loss=GradientObjective("nca", "sigmoid"))
+    # the global batch of 8 is split 4 + 4 along rows: y_true [8, 4] gives each replica its own identity
+    data = tf.data.Dataset.from_tensor_slices((images, texts)).batch(8, drop_remainder=True)
+    data = data.map(lambda a, b: ((a, b), tf.tile(tf.eye(4), [2, 1])))
+    fit_loss = model.fit(data.repeat(2), epochs=1, verbose=0)
     print(json.dumps({
+        "fit_loss": fit_loss.history["loss"],
         "replicas": strategy.num_replicas_in_sync,
         "value": [float(single_value), float(value)],
         "grad_error": max(float(tf.reduce_max(tf.abs(g - s))) for g, s in zip(grads, single)),
@@ -471,6 +482,7 @@ def test_distributed_gradient_equals_single_device():
     assert result["replicas"] == 2
     assert result["value"][1] == pytest.approx(result["value"][0], rel=1e-5)
     assert result["grad_norm"] > 0 and result["grad_error"] < 1e-5
+    assert np.isfinite(result["fit_loss"]).all()
 
 
 def _recall_at_1(embed, images, texts):
