@@ -83,7 +83,8 @@ from ce_retrieval.losses.registry import register
 TRIPLET_WEIGHTS = ("constant", "nca", "circle")
 PAIR_WEIGHTS = ("constant", "linear", "sigmoid", "linear-ms", "sigmoid-ms")
 
-__all__ = ["GradientObjective", "goal_gradient", "goal_terms", "prescribe_gradient", "TRIPLET_WEIGHTS", "PAIR_WEIGHTS"]
+# Re-exported by ce_retrieval.losses; the weight-name tuples and prescribe_gradient stay in this module.
+__all__ = ["GradientObjective", "goal_gradient", "goal_terms"]
 
 
 def goal_gradient(relevance, scores, *args, **kwargs):
