@@ -19,9 +19,10 @@ with a triplet weight ``t = w_t(p, n)`` and pair weights ``wp, wn`` (all constan
 
 (the text anchor uses column i instead of row i). Since ``S = X Y^T``, back-propagating ``W`` through ``S``
 gives exactly goal.md's per-feature gradients ``dL/dX = W Y`` and ``dL/dY = W^T X``; it is attached to ``S``
-with ``tf.custom_gradient``, vectorised: one masked matrix and two arg-max reductions mine the negatives, the
-MS sets cost one more pass over ``S`` (shared by both directions) and a sort + searchsorted over the ``N``
-pair scores, and ``W`` (3N non-zeros) is scattered in the backward pass only; no loop over the batch.
+with ``tf.custom_gradient``. Vectorised, no loop over the batch: one masked matrix with two max and two
+first-index reductions mines the negatives, the MS sets cost one more pass over ``S`` (shared by both
+directions) and a sort + searchsorted over the ``N`` pair scores, and ``W`` (3N non-zeros) is scattered in
+the backward pass only. Scores are expected to be cosine similarities (goal.md's L2-normalised features).
 
 Value versus gradient. The number returned (and logged by ``model.fit`` as ``loss``; the default name is
 ``goal_value``) is goal.md's *logging value* ``Sum_i (n_i - p_i) + Sum_i (n'_i - p_i)``, divided by the number
@@ -82,7 +83,8 @@ from ce_retrieval.losses.registry import register
 TRIPLET_WEIGHTS = ("constant", "nca", "circle")
 PAIR_WEIGHTS = ("constant", "linear", "sigmoid", "linear-ms", "sigmoid-ms")
 
-__all__ = ["GradientObjective", "goal_gradient", "goal_terms", "prescribe_gradient", "TRIPLET_WEIGHTS", "PAIR_WEIGHTS"]
+# Re-exported by ce_retrieval.losses; the weight-name tuples and prescribe_gradient stay in this module.
+__all__ = ["GradientObjective", "goal_gradient", "goal_terms"]
 
 
 def goal_gradient(relevance, scores, *args, **kwargs):
@@ -126,10 +128,8 @@ def goal_terms(
 
     # Hardest negatives of every image anchor (row) and text anchor (column), from one masked matrix.
     masked = tf.where(negative, s, float("-inf"))
-    a_row = tf.argmax(masked, axis=1, output_type=tf.int32)
-    b_col = tf.argmax(masked, axis=0, output_type=tf.int32)
-    n_row = tf.gather(masked, a_row, batch_dims=1)
-    n_col = tf.gather_nd(masked, tf.stack([b_col, index], axis=1))
+    n_row, n_col = tf.reduce_max(masked, axis=1), tf.reduce_max(masked, axis=0)
+    a_row, b_col = _first_index_of(masked, n_row, 1), _first_index_of(masked, n_col, 0)
     row_ok = matched & (n_row > float("-inf"))
     col_ok = matched & (n_col > float("-inf"))
     n_row, n_col = tf.where(row_ok, n_row, 0.0), tf.where(col_ok, n_col, 0.0)
@@ -166,6 +166,15 @@ def goal_terms(
     updates = tf.concat([-pull, push_row, push_col], axis=0)
     value = tf.reduce_sum(tf.where(row_ok, n_row - p, zero)) + tf.reduce_sum(tf.where(col_ok, n_col - p, zero))
     return value, indices, updates, tf.reduce_sum(tf.cast(matched, tf.float32))
+
+
+def _first_index_of(masked, maximum, axis):
+    """Index of the first maximum along ``axis``, as ``argmax`` but with a defined tie-break and ~5x faster
+    under XLA on CPU (a compare-select-min pass fuses; XLA's variadic arg-max reduction does not)."""
+    size = tf.shape(masked)[axis]
+    index = tf.range(size)
+    candidates = tf.where(masked == tf.expand_dims(maximum, axis), tf.expand_dims(index, 1 - axis), size)
+    return tf.minimum(tf.reduce_min(candidates, axis=axis), size - 1)  # all -inf rows: any index (weight 0)
 
 
 def _triplet_weight(kind, p, n, tau):

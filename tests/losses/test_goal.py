@@ -305,11 +305,12 @@ BRANCH_COVER = [
 
 
 def test_jit_matches_eager():
-    """The branch-covering objectives in one XLA cluster (one compile) against eager execution."""
+    """In one XLA cluster (one compile), against eager execution, the branch-covering objectives that the
+    model.fit tests below do not already compile (those fit nca x linear-ms and circle x sigmoid-ms)."""
     x, y = _features(n=8, seed=4)
     s = tf.constant(x @ y.T)
     r = tf.constant(_layout("duplicate_ids", n=8))
-    losses = [GradientObjective(tw, pw) for tw, pw in BRANCH_COVER]
+    losses = [GradientObjective(tw, pw) for tw, pw in BRANCH_COVER[:3]]
 
     def values_and_grads(s_):
         with tf.GradientTape(persistent=True) as tape:
@@ -448,7 +449,18 @@ _DISTRIBUTED = textwrap.dedent(
     value, grads = strategy.run(replica_step, args=shards)
     value = strategy.reduce("SUM", value, axis=None)
     grads = [strategy.reduce("SUM", g, axis=None) for g in grads]
+    with strategy.scope():  # and model.fit on per-replica (local) similarity matrices
+        a, b = tf.keras.Input((6,)), tf.keras.Input((5,))
+        x = tf.math.l2_normalize(tf.keras.layers.Dense(4)(a), axis=1)
+        y = tf.math.l2_normalize(tf.keras.layers.Dense(4)(b), axis=1)
+        model = tf.keras.Model([a, b], tf.matmul(y, x, transpose_b=True))
+        model.compile(tf.keras.optimizers.SGD(0.1), loss=GradientObjective("nca", "sigmoid"))
+    # the global batch of 8 is split 4 + 4 along rows: y_true [8, 4] gives each replica its own identity
+    data = tf.data.Dataset.from_tensor_slices((images, texts)).batch(8, drop_remainder=True)
+    data = data.map(lambda a, b: ((a, b), tf.tile(tf.eye(4), [2, 1])))
+    fit_loss = model.fit(data.repeat(2), epochs=1, verbose=0)
     print(json.dumps({
+        "fit_loss": fit_loss.history["loss"],
         "replicas": strategy.num_replicas_in_sync,
         "value": [float(single_value), float(value)],
         "grad_error": max(float(tf.reduce_max(tf.abs(g - s))) for g, s in zip(grads, single)),
@@ -470,6 +482,7 @@ def test_distributed_gradient_equals_single_device():
     assert result["replicas"] == 2
     assert result["value"][1] == pytest.approx(result["value"][0], rel=1e-5)
     assert result["grad_norm"] > 0 and result["grad_error"] < 1e-5
+    assert np.isfinite(result["fit_loss"]).all()
 
 
 def _recall_at_1(embed, images, texts):
@@ -485,4 +498,5 @@ def test_circle_sigmoid_ms_training_improves_recall():
     model.compile(tf.keras.optimizers.Adam(0.01), loss=GradientObjective("circle", "sigmoid-ms"))
     model.fit(_dataset(images[:512], texts[:512], 32).repeat(), steps_per_epoch=100, epochs=1, verbose=0)
     after = _recall_at_1(embed, images[512:], texts[512:])
+    print(f"recall@1 {before:.3f} -> {after:.3f}")
     assert after > before + 0.4, (before, after)
