@@ -71,13 +71,18 @@ json.dump(result, open(f"{out}/result.json", "w"))
 
 
 def test_fresh_process_reload_equals_keras_with_rest_requests(base_export, tmp_path):
-    texts = captions(6, seed=3) + ["Ünïcode Straße 東京 ✓"]
-    images = png_images(4, seed=9) + [tf.io.encode_jpeg(np.full((20, 30, 3), 90, np.uint8)).numpy()]
+    # the example requests shipped in export/requests/, plus generated ones (unicode text, PNG and JPEG bytes)
+    with open(os.path.join(REPO, "export", "requests", "text_predict.json"), encoding="utf-8") as f:
+        text_request = json.load(f)
+    with open(os.path.join(REPO, "export", "requests", "image_predict.json"), encoding="utf-8") as f:
+        image_request = json.load(f)
+    texts = [row["text"] for row in text_request["instances"]] + captions(6, seed=3) + ["Ünïcode Straße 東京 ✓"]
+    images = [base64.b64decode(row["image_bytes"]["b64"]) for row in image_request["instances"]]
+    images += png_images(4, seed=9) + [tf.io.encode_jpeg(np.full((20, 30, 3), 90, np.uint8)).numpy()]
     with open(tmp_path / "text_encoder_request.json", "w") as f:
-        json.dump({"signature_name": "serving_default", "instances": [{"text": t} for t in texts]}, f, ensure_ascii=False)
+        json.dump(dict(text_request, instances=[{"text": t} for t in texts]), f, ensure_ascii=False)
     with open(tmp_path / "image_encoder_request.json", "w") as f:
-        json.dump({"signature_name": "serving_default",
-                   "instances": [{"image_bytes": {"b64": base64.b64encode(b).decode()}} for b in images]}, f)
+        json.dump(dict(image_request, instances=[{"image_bytes": {"b64": base64.b64encode(b).decode()}} for b in images]), f)
     proc = subprocess.run([sys.executable, "-c", _FRESH_PROCESS, base_export["dir"], str(tmp_path)], env=ENV,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
