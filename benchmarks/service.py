@@ -18,11 +18,11 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
-import ce_retrieval  # noqa: E402,F401
 import httpx  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+import ce_retrieval  # noqa: E402,F401
 from ce_retrieval.serving.export import export_encoders  # noqa: E402
 from ce_retrieval.serving.index import build_index  # noqa: E402
 from ce_retrieval.serving.searcher import Searcher  # noqa: E402
