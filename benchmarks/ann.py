@@ -66,7 +66,7 @@ def main():
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--queries", type=int, default=1000)
     ap.add_argument("--clusters", type=int, default=1000)
-    ap.add_argument("--spread", type=float, default=2.0)
+    ap.add_argument("--spread", type=float, default=1.6)
     ap.add_argument("--single", type=int, default=200, help="queries timed one at a time")
     ap.add_argument("--skip", default="", help="comma list of methods to skip: hnsw_faiss,ivf_faiss,hnswlib")
     ap.add_argument("--out", default=None, help="write all figures as JSON here")
@@ -88,7 +88,7 @@ def main():
     searcher, t_build = timed(_build_scann, x, p)
     info["scann_params"] = {"num_leaves": p.num_leaves, "reorder": p.reorder_num_neighbors,
                             "training_sample_size": p.training_sample_size}
-    for leaves in sorted({max(1, round(p.num_leaves * f)) for f in (0.005, 0.01, 0.02, 0.04, 0.07, 0.1)}):
+    for leaves in sorted({max(1, round(p.num_leaves * f)) for f in (0.005, 0.01, 0.02, 0.04, 0.07, 0.1, 0.2, 0.3)}):
         (found, _), t = timed(searcher.search_batched_parallel, q, 10, p.reorder_num_neighbors, leaves)
         lat = single_latency(lambda v, leaves=leaves: searcher.search(v, 10, p.reorder_num_neighbors, leaves), q, args.single)
         rows.append({"method": "scann (ce_retrieval index)", "setting": f"leaves_to_search={leaves}/{p.num_leaves}",
@@ -106,7 +106,7 @@ def main():
         ivf.train(x[np.random.default_rng(0).choice(args.n, min(args.n, 100_000), replace=False)])
         ivf.add(x)
         t_ivf = time.perf_counter() - t0
-        for nprobe in (4, 8, 16, 32, 64):
+        for nprobe in (4, 8, 16, 32, 64, 128):
             ivf.nprobe = nprobe
             (res, t) = timed(ivf.search, q, 10)
             lat = single_latency(lambda v: ivf.search(v[None], 10), q, args.single)
@@ -118,7 +118,7 @@ def main():
         hnsw = faiss.IndexHNSWFlat(args.dim, 32, faiss.METRIC_INNER_PRODUCT)
         hnsw.hnsw.efConstruction = 80
         _, t_hnsw = timed(hnsw.add, x)
-        for ef in (16, 32, 64, 128):
+        for ef in (16, 32, 64, 128, 256):
             hnsw.hnsw.efSearch = ef
             (res, t) = timed(hnsw.search, q, 10)
             lat = single_latency(lambda v: hnsw.search(v[None], 10), q, args.single)
@@ -134,7 +134,7 @@ def main():
         h.init_index(max_elements=args.n, ef_construction=80, M=16)
         h.add_items(x)
         t_h = time.perf_counter() - t0
-        for ef in (16, 32, 64, 128):
+        for ef in (16, 32, 64, 128, 256):
             h.set_ef(ef)
             (res, t) = timed(h.knn_query, q, 10)
             lat = single_latency(lambda v: h.knn_query(v[None], 10), q, args.single)

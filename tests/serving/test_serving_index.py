@@ -48,6 +48,8 @@ def test_scann_index_recall_and_exact_scores(scann_gallery, tmp_path, monkeypatc
     np.testing.assert_allclose(e_scores, exact_scores, atol=1e-5)
     big_ids, _ = index.topk(q[:2], 5000)
     assert big_ids.shape == (2, 4000)  # k larger than the gallery returns the gallery
+    many_ids, many_scores = index.topk(q[:20], 1000, leaves_to_search=1)  # more than one leaf holds
+    assert np.all(np.isfinite(many_scores)) and all(len(set(r.tolist())) == 1000 for r in many_ids)
 
 
 @pytest.mark.parametrize("tau", [-1.0, 0.0, 0.55, 0.8, 0.95, 1.01])
