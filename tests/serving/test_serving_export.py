@@ -171,3 +171,27 @@ def test_hard_kill_leftovers_are_invisible(export_copy):
     assert layout.versions(os.path.join(export_copy, layout.TEXT_ENCODER)) == [1, 3]
     assert layout.complete_versions(export_copy) == [1] and layout.servable_versions(export_copy) == [1]
     assert layout.next_version(export_copy) == 4  # a half-published number is never reused
+
+
+def test_export_cli_uses_load_trained(base_export, tmp_path, monkeypatch, capsys):
+    import dataclasses
+    import types
+
+    import ce_retrieval.training
+    from ce_retrieval import cli
+
+    @dataclasses.dataclass
+    class FakeConfig:
+        name: str = "tiny"
+
+    model = types.SimpleNamespace(text_encoder=base_export["text"], image_encoder=base_export["image"],
+                                  logit_scale=tf.constant(12.5))
+    calls = []
+    monkeypatch.setattr(ce_retrieval.training, "load_trained", lambda d: calls.append(d) or (FakeConfig(), model),
+                        raising=False)
+    out = str(tmp_path / "cli_export")
+    assert cli.main(["export", "--model_dir", "some/run", "--export_dir", out, "--version", "7", "--no_verify"]) == 0
+    assert calls == ["some/run"] and "custom ops a TF Serving build must link: CaseFoldUTF8" in capsys.readouterr().out
+    meta = layout.export_metadata(out, layout.IMAGE_ENCODER, 7)
+    assert meta["logit_scale"] == 12.5 and meta["metadata"]["config"] == {"name": "tiny"}
+    assert layout.complete_versions(out) == [7]
