@@ -66,7 +66,7 @@ def main():
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--queries", type=int, default=1000)
     ap.add_argument("--clusters", type=int, default=1000)
-    ap.add_argument("--spread", type=float, default=1.6)
+    ap.add_argument("--spread", type=float, default=1.2)
     ap.add_argument("--single", type=int, default=200, help="queries timed one at a time")
     ap.add_argument("--skip", default="", help="comma list of methods to skip: hnsw_faiss,ivf_faiss,hnswlib")
     ap.add_argument("--out", default=None, help="write all figures as JSON here")
