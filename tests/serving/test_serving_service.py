@@ -113,7 +113,7 @@ def test_service_timeout(base_export):
 
 
 def test_service_reloads_new_version_without_dropping_requests(base_export, export_copy):
-    app = create_app(export_copy, reload_interval_s=0.2, loader=_slow_loader(0.05))
+    app = create_app(export_copy, reload_interval_s=0.2, timeout_s=120, loader=_slow_loader(0.05))  # no 504 on a busy CI box
     statuses, versions, stop = [], set(), threading.Event()
 
     def client_loop(url):
