@@ -264,13 +264,27 @@ def _tfrecord_images(pattern: str) -> tuple[list[bytes], np.ndarray]:
     return list(seen.values()), np.array(list(seen.keys()), dtype=np.int64)
 
 
+def _dataclass_from_dict(cls, data: dict):
+    """Rebuilds a (possibly nested) config dataclass from its ``dataclasses.asdict`` form; unknown keys fail."""
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for key, value in data.items():
+        kind = hints.get(key)
+        if isinstance(value, dict) and dataclasses.is_dataclass(kind):
+            value = _dataclass_from_dict(kind, value)
+        kwargs[key] = value
+    return cls(**kwargs)
+
+
 def _data_config(meta: dict):
     from ce_retrieval.data.config import DataConfig  # lazy: only split names need the data package
 
     data = ((meta.get("metadata") or {}).get("config") or {}).get("data")
     if data is None:
         raise ValueError("this export carries no data config; pass an image folder or TFRecord pattern to --images")
-    return DataConfig(**data) if isinstance(data, dict) else data
+    return _dataclass_from_dict(DataConfig, data) if isinstance(data, dict) else data
 
 
 def add_arguments(parser) -> None:
