@@ -11,6 +11,7 @@ export fingerprint must match, and the stored arrays must match the manifest; ot
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 
 import numpy as np
@@ -102,13 +103,19 @@ class GalleryIndex:
         k = min(int(k), len(self))
         if self.scann is None or exact:
             return exact_topk(queries, self.embeddings, k)
-        leaves = leaves_to_search or self.leaves_to_search
         pre = max(int(self.reorder or 0), k)
+        num_leaves = int(self.manifest["params"]["num_leaves"])
+        # search enough leaves to hold ~2x the candidates asked for (large k), never more than all of them
+        leaves = min(num_leaves, max(int(leaves_to_search or self.leaves_to_search),
+                                     math.ceil(2 * pre * num_leaves / len(self))))
         if len(queries) >= 16:
             rows, scores = self.scann.search_batched_parallel(queries, k, pre, leaves)
         else:
             rows, scores = self.scann.search_batched(queries, k, pre, leaves)
         rows, scores = np.asarray(rows, dtype=np.int64), np.asarray(scores, dtype=np.float32)
+        short = ~np.all(np.isfinite(scores), axis=1)  # ScaNN pads with (row 0, NaN) when it found fewer than k
+        if short.any():
+            rows[short], scores[short] = exact_topk(queries[short], self.embeddings, k)
         return rows, scores
 
     def topk(self, queries: np.ndarray, k: int, **kw) -> tuple[np.ndarray, np.ndarray]:

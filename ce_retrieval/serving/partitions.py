@@ -10,6 +10,7 @@ its mean c_l and radius r_l = max_{x in l} ||x - c_l||. For a unit query q and a
 so a leaf can hold an item with q.x >= tau only if  q.c_l + r_l >= tau  and  ||q - c_l|| - r_l <= sqrt(2 - 2 tau).
 Leaves failing either bound are skipped; every member of the others is scored exactly and cut at tau. Nothing
 above tau is ever skipped, so the result equals brute force, while far-away leaves cost one dot product each.
+When the bounds admit most leaves (diffuse data, low tau) the batch falls back to one chunked brute-force pass.
 
 Members of a leaf are stored contiguously (the index keeps the gallery in leaf order), so a leaf is a slice.
 """
@@ -20,6 +21,10 @@ import dataclasses
 import numpy as np
 
 _SLACK = 1e-4  # float32 rounding in the bounds; it only ever adds leaves, never drops one
+# Above this share of admitted (query, leaf) pairs one large matmul beats many small ones. In high dimension
+# with diffuse leaves the bounds admit almost everything (Cauchy-Schwarz is loose by ~sqrt(d) for residuals
+# orthogonal to q); they pay off for tight clusters / low intrinsic dimension and selective thresholds.
+_BRUTE_FORCE_ABOVE = 0.3
 
 
 @dataclasses.dataclass
@@ -109,10 +114,10 @@ def threshold_search(queries: np.ndarray, gallery: np.ndarray, threshold: float,
     for b in range(0, len(queries), query_batch):
         q = queries[b:b + query_batch]
         hit_q, hit_row, hit_s = [], [], []
-        if partitions is None:  # brute force, chunked
+        cand = None if partitions is None else partitions.candidate_leaves(q, threshold)
+        if cand is None or cand.mean() > _BRUTE_FORCE_ABOVE:  # brute force, chunked
             work = [(np.arange(len(q)), s, min(len(gallery), s + 65536)) for s in range(0, len(gallery), 65536)]
         else:  # each surviving (leaf, queries) pair: only the queries whose bounds admit the leaf
-            cand = partitions.candidate_leaves(q, threshold)
             work = [(np.flatnonzero(cand[:, leaf]), partitions.offsets[leaf], partitions.offsets[leaf + 1])
                     for leaf in np.flatnonzero(cand.any(axis=0))]
         for qi, s, e in work:

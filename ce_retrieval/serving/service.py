@@ -14,7 +14,6 @@ deadline (504 when exceeded). The artefacts are loaded once per version. When a 
 (encoders + index) appears, it is loaded in the background and swapped in with one reference assignment:
 requests already running keep the searcher they started with, new ones get the new one, none is dropped.
 """
-from __future__ import annotations
 
 import asyncio
 import contextlib

@@ -71,13 +71,18 @@ json.dump(result, open(f"{out}/result.json", "w"))
 
 
 def test_fresh_process_reload_equals_keras_with_rest_requests(base_export, tmp_path):
-    texts = captions(6, seed=3) + ["Ünïcode Straße 東京 ✓"]
-    images = png_images(4, seed=9) + [tf.io.encode_jpeg(np.full((20, 30, 3), 90, np.uint8)).numpy()]
+    # the example requests shipped in export/requests/, plus generated ones (unicode text, PNG and JPEG bytes)
+    with open(os.path.join(REPO, "export", "requests", "text_predict.json"), encoding="utf-8") as f:
+        text_request = json.load(f)
+    with open(os.path.join(REPO, "export", "requests", "image_predict.json"), encoding="utf-8") as f:
+        image_request = json.load(f)
+    texts = [row["text"] for row in text_request["instances"]] + captions(6, seed=3) + ["Ünïcode Straße 東京 ✓"]
+    images = [base64.b64decode(row["image_bytes"]["b64"]) for row in image_request["instances"]]
+    images += png_images(4, seed=9) + [tf.io.encode_jpeg(np.full((20, 30, 3), 90, np.uint8)).numpy()]
     with open(tmp_path / "text_encoder_request.json", "w") as f:
-        json.dump({"signature_name": "serving_default", "instances": [{"text": t} for t in texts]}, f, ensure_ascii=False)
+        json.dump(dict(text_request, instances=[{"text": t} for t in texts]), f, ensure_ascii=False)
     with open(tmp_path / "image_encoder_request.json", "w") as f:
-        json.dump({"signature_name": "serving_default",
-                   "instances": [{"image_bytes": {"b64": base64.b64encode(b).decode()}} for b in images]}, f)
+        json.dump(dict(image_request, instances=[{"image_bytes": {"b64": base64.b64encode(b).decode()}} for b in images]), f)
     proc = subprocess.run([sys.executable, "-c", _FRESH_PROCESS, base_export["dir"], str(tmp_path)], env=ENV,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -166,3 +171,27 @@ def test_hard_kill_leftovers_are_invisible(export_copy):
     assert layout.versions(os.path.join(export_copy, layout.TEXT_ENCODER)) == [1, 3]
     assert layout.complete_versions(export_copy) == [1] and layout.servable_versions(export_copy) == [1]
     assert layout.next_version(export_copy) == 4  # a half-published number is never reused
+
+
+def test_export_cli_uses_load_trained(base_export, tmp_path, monkeypatch, capsys):
+    import dataclasses
+    import types
+
+    import ce_retrieval.training
+    from ce_retrieval import cli
+
+    @dataclasses.dataclass
+    class FakeConfig:
+        name: str = "tiny"
+
+    model = types.SimpleNamespace(text_encoder=base_export["text"], image_encoder=base_export["image"],
+                                  logit_scale=tf.constant(12.5))
+    calls = []
+    monkeypatch.setattr(ce_retrieval.training, "load_trained", lambda d: calls.append(d) or (FakeConfig(), model),
+                        raising=False)
+    out = str(tmp_path / "cli_export")
+    assert cli.main(["export", "--model_dir", "some/run", "--export_dir", out, "--version", "7", "--no_verify"]) == 0
+    assert calls == ["some/run"] and "custom ops a TF Serving build must link: CaseFoldUTF8" in capsys.readouterr().out
+    meta = layout.export_metadata(out, layout.IMAGE_ENCODER, 7)
+    assert meta["logit_scale"] == 12.5 and meta["metadata"]["config"] == {"name": "tiny"}
+    assert layout.complete_versions(out) == [7]

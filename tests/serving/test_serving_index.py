@@ -48,6 +48,8 @@ def test_scann_index_recall_and_exact_scores(scann_gallery, tmp_path, monkeypatc
     np.testing.assert_allclose(e_scores, exact_scores, atol=1e-5)
     big_ids, _ = index.topk(q[:2], 5000)
     assert big_ids.shape == (2, 4000)  # k larger than the gallery returns the gallery
+    many_ids, many_scores = index.topk(q[:20], 1000, leaves_to_search=1)  # more than one leaf holds
+    assert np.all(np.isfinite(many_scores)) and all(len(set(r.tolist())) == 1000 for r in many_ids)
 
 
 @pytest.mark.parametrize("tau", [-1.0, 0.0, 0.55, 0.8, 0.95, 1.01])
@@ -116,3 +118,36 @@ def test_bad_gallery_input_is_rejected(export_copy):
     manifest = build_index(x, np.arange(10), export_copy, 1, overwrite=True)  # atomic replacement
     assert json.load(open(os.path.join(export_copy, "index", "1", "manifest.json")))["num_items"] == manifest["num_items"] == 10
     assert sorted(os.listdir(os.path.join(export_copy, "index"))) == ["1"]
+
+
+def test_index_cli_from_folder_and_tfrecord(base_export, export_copy, tmp_path, capsys):
+    import tensorflow as tf
+    from conftest import png_images
+
+    from ce_retrieval import cli
+    from ce_retrieval.serving.export import embed_with_keras
+
+    images = png_images(12, seed=21)
+    folder = tmp_path / "gallery"
+    folder.mkdir()
+    for i, b in enumerate(images):
+        (folder / f"{100 + i}.png").write_bytes(b)
+    report = tmp_path / "eval.json"
+    report.write_text(json.dumps({"threshold_at_precision": {"0.5": 0.1, "0.9": 0.6}}))
+    assert cli.main(["index", "--export_dir", export_copy, "--images", str(folder), "--overwrite",
+                     "--thresholds_json", str(report)]) == 0
+    assert "index version 1: 12 items, brute_force" in capsys.readouterr().out
+    index = GalleryIndex.load(os.path.join(export_copy, "index", "1"))
+    assert sorted(index.ids.tolist()) == list(range(100, 112))
+    assert index.manifest["thresholds"]["threshold_at_precision"] == {"0.5": 0.1, "0.9": 0.6}
+    np.testing.assert_allclose(index.embeddings[np.argsort(index.ids)], embed_with_keras(base_export["image"], images),
+                               atol=1e-5)
+
+    record = str(tmp_path / "gallery.tfrecord")
+    with tf.io.TFRecordWriter(record) as w:  # one record per caption: image 7 appears twice
+        for image_id, b in ((7, images[0]), (9, images[1]), (7, images[0])):
+            feats = {"image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b])),
+                     "image_id": tf.train.Feature(int64_list=tf.train.Int64List(value=[image_id]))}
+            w.write(tf.train.Example(features=tf.train.Features(feature=feats)).SerializeToString())
+    assert cli.main(["index", "--export_dir", export_copy, "--images", record, "--overwrite"]) == 0
+    assert sorted(GalleryIndex.load(os.path.join(export_copy, "index", "1")).ids.tolist()) == [7, 9]
