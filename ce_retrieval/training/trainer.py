@@ -23,6 +23,21 @@ from ce_retrieval.training.callbacks import ThroughputLogger, WeightsCheckpoint
 from ce_retrieval.utils.atomic import atomic_write_text
 
 
+class _QuietPfor:
+    """Drops TensorFlow's per-op "Using a while_loop for converting ..." warnings: keras-cv's augmentation layers
+    draw per-image random numbers inside ``vectorized_map``, which falls back to a loop for those ops and logs one
+    line per op and trace (dozens per epoch). The fallback is expected and correct; the lines are noise."""
+
+    def filter(self, record) -> bool:
+        return "Using a while_loop for converting" not in record.getMessage()
+
+
+def _quiet_known_noise() -> None:
+    logger = tf.get_logger()
+    if not any(isinstance(f, _QuietPfor) for f in logger.filters):
+        logger.addFilter(_QuietPfor())
+
+
 def steps_per_epoch(cfg) -> int:
     """Configured steps, or one pass over the training captions (needs a known dataset size)."""
     if cfg.train.steps_per_epoch:
@@ -57,6 +72,7 @@ def train(cfg, model_dir: str, extra_callbacks=(), print_fn=print) -> dict:
     from ce_retrieval import data
 
     strategy = distribute.make_strategy(cfg.train)  # first: may split the CPU into logical devices
+    _quiet_known_noise()
     policy = distribute.precision_policy(cfg.train, strategy)
     tf.keras.mixed_precision.set_global_policy(policy)
     tf.keras.utils.set_random_seed(cfg.train.seed)
