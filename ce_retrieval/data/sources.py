@@ -11,8 +11,7 @@
 
 The JSON/TSV loaders scan the index once per split (memoised per config fingerprint), validate captions and
 (with ``validate_images``) decode every distinct image file once in a thread pool, then stream files with
-``tf.io.read_file``. Skipped rows
-are counted in a :class:`LoadReport` (see :func:`load_report`).
+``tf.io.read_file``. Skipped rows are counted in a :class:`LoadReport` (see :func:`load_report`).
 """
 from __future__ import annotations
 
