@@ -1,5 +1,6 @@
 """Public data API (re-exported by ``ce_retrieval.data``)."""
 from ce_retrieval.data.config import DataConfig, SplitPaths
+from ce_retrieval.data.export import export_synthetic
 from ce_retrieval.data.pipeline import (
     load_examples,
     load_report,
@@ -21,6 +22,7 @@ __all__ = [
     "SplitPaths",
     "build_vocab",
     "distractor_images",
+    "export_synthetic",
     "load_examples",
     "load_report",
     "load_retrieval_split",

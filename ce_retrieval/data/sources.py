@@ -10,11 +10,12 @@
 * TFRecords written by :func:`ce_retrieval.data.tfrecords.write_tfrecords`.
 
 The JSON/TSV loaders scan the index once per split (memoised per config fingerprint), validate captions and
-(with ``validate_images``) decode every image once, then stream files with ``tf.io.read_file``. Skipped rows
-are counted in a :class:`LoadReport` (see :func:`load_report`).
+(with ``validate_images``) decode every distinct image file once in a thread pool, then stream files with
+``tf.io.read_file``. Skipped rows are counted in a :class:`LoadReport` (see :func:`load_report`).
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import hashlib
 import json
@@ -43,54 +44,64 @@ class ScannedSplit:
     report: LoadReport
 
 
+def _file_problem(path: str, validate: bool) -> tuple[str, str] | None:
+    """(kind, message) if the image file is missing or (with ``validate``) undecodable, else None."""
+    if not os.path.isfile(path):
+        return "missing_images", f"missing image file {path}"
+    if validate:
+        with open(path, "rb") as f:
+            problem = image_problem(f.read())
+        if problem:
+            return "corrupt_images", f"{path}: {problem}"
+    return None
+
+
 class _SplitBuilder:
+    """Collects (caption, image document) rows while an index is parsed, then validates every distinct image
+    file once, in parallel threads (PIL decoding releases the GIL), and drops the captions of bad images.
+    A document is (path, image_id): with per-row ids one file may back several documents."""
+
     def __init__(self, cfg: DataConfig, source: str, split: str):
         self.cfg = cfg
         self.report = LoadReport(source=source, split=split)
-        self.captions: list[str] = []
-        self.index: list[int] = []
-        self.paths: list[str] = []
-        self.ids: list[int] = []
-        self.by_path: dict[str, int] = {}  # resolved path -> image index
-        self.bad_paths: set[str] = set()
+        self.documents: dict[tuple[str, int], str] = {}  # (path, image_id) -> where first named
+        self.rows: list[tuple[str, tuple[str, int]]] = []  # (caption, document)
 
-    def image(self, path: str, image_id: int, where: str) -> int | None:
-        """Index of the (validated) image at ``path``; None if missing / corrupt (counted or raised)."""
-        if path in self.by_path:
-            return self.by_path[path]
-        if path in self.bad_paths:
-            return None
-        problem, kind = None, "corrupt_images"
-        if not os.path.isfile(path):
-            problem, kind = f"missing image file {path}", "missing_images"
-        elif self.cfg.validate_images:
-            with open(path, "rb") as f:
-                problem = image_problem(f.read())
-            if problem:
-                problem = f"{path}: {problem}"
-        if problem:
-            self.bad_paths.add(path)
-            self.report.fail_or_count(kind, f"{where}: {problem}", self.cfg.skip_corrupt)
-            return None
-        self.by_path[path] = len(self.paths)
-        self.paths.append(path)
-        self.ids.append(image_id)
-        return self.by_path[path]
-
-    def caption(self, raw, image_index: int) -> None:
-        self.captions.append(raw.strip())
-        self.index.append(image_index)
+    def add(self, caption: str, path: str, image_id: int, where: str) -> None:
+        document = (path, int(image_id))
+        self.documents.setdefault(document, where)
+        self.rows.append((caption.strip(), document))
 
     def bad_row(self, message: str) -> None:
         self.report.fail_or_count("bad_rows", message, self.cfg.skip_corrupt)
 
     def build(self) -> ScannedSplit:
-        self.report.examples, self.report.images = len(self.captions), len(self.paths)
-        if len(set(self.ids)) != len(self.ids):
-            raise ValueError(f"{self.report.source} [{self.report.split}]: duplicate image ids for different files")
+        paths = list(dict.fromkeys(path for path, _ in self.documents))
+        workers = min(32, (os.cpu_count() or 1) + 4)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+            problems = dict(zip(paths, pool.map(lambda p: _file_problem(p, self.cfg.validate_images), paths),
+                                strict=True))
+        reported: set[str] = set()
+        index: dict[tuple[str, int], int] = {}
+        for document, where in self.documents.items():  # first-appearance order: deterministic errors
+            path = document[0]
+            if problems[path] is not None:
+                if path not in reported:
+                    reported.add(path)
+                    kind, message = problems[path]
+                    self.report.fail_or_count(kind, f"{where}: {message}", self.cfg.skip_corrupt)
+                continue
+            index[document] = len(index)
+        image_paths = [path for path, _ in index]
+        image_ids = np.asarray([image_id for _, image_id in index], np.int64)
+        if len(np.unique(image_ids)) != len(image_ids):
+            raise ValueError(f"{self.report.source} [{self.report.split}]: one image id names several image files")
+        kept = [(caption, index[doc]) for caption, doc in self.rows if doc in index]
+        captions = [caption for caption, _ in kept]
+        caption_index = np.asarray([i for _, i in kept], np.int64)
+        self.report.examples, self.report.images = len(captions), len(image_paths)
         self.report.log()
-        return ScannedSplit(self.captions, np.asarray(self.index, np.int64), self.paths,
-                            np.asarray(self.ids, np.int64), self.report)
+        return ScannedSplit(captions, caption_index, image_paths, image_ids, self.report)
 
 
 def scan_karpathy(cfg: DataConfig, split: str) -> ScannedSplit:
@@ -118,16 +129,13 @@ def scan_karpathy(cfg: DataConfig, split: str) -> ScannedSplit:
         except (TypeError, ValueError):
             builder.bad_row(f"images[{n}] ({entry['filename']}): imgid {entry.get('imgid')!r} is not an integer")
             continue
-        image_index = builder.image(path, image_id, f"images[{n}] ({entry['filename']})")
-        if image_index is None:
-            continue
         for k, sentence in enumerate(sentences):
             raw = sentence.get("raw") if isinstance(sentence, dict) else None
             problem = caption_problem(raw)
             if problem:
                 builder.bad_row(f"images[{n}] ({entry['filename']}) sentences[{k}]: {problem}")
                 continue
-            builder.caption(raw, image_index)
+            builder.add(raw, path, image_id, f"images[{n}] ({entry['filename']})")
     return builder.build()
 
 
@@ -182,15 +190,7 @@ def _tsv_row(cfg: DataConfig, builder: _SplitBuilder, tsv: str, line_no: int, li
         return
     path = _tsv_image_path(cfg, image.strip())
     image_id = row if cfg.tsv_image_id == "row" else _hash_id(path)
-    image_index = builder.image(path, image_id, where)
-    if image_index is None:
-        return
-    if cfg.tsv_image_id == "row" and builder.ids[image_index] != image_id:
-        # The file was already named on an earlier row: with row ids every row is its own image document.
-        image_index = len(builder.paths)
-        builder.paths.append(path)
-        builder.ids.append(image_id)
-    builder.caption(caption, image_index)
+    builder.add(caption, path, image_id, where)
 
 
 _SCANS: dict[tuple[str, str], ScannedSplit] = {}

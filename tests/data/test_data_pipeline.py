@@ -88,3 +88,28 @@ def test_bad_split_and_batch_are_named():
         train_pipeline(CFG, "train", batch_size=0, seed=0)
     with pytest.raises(ValueError, match="name"):
         DataConfig(name="coco")
+
+
+def test_config_round_trips_through_plain_dicts():
+    import dataclasses
+
+    cfg = DataConfig(name="cc_tsv", tsv_path={"train": "/x/train.tsv"}, tfrecord_pattern={"test": "/t-*"})
+    plain = dataclasses.asdict(cfg)
+    assert plain["tsv_path"] == {"train": "/x/train.tsv", "val": None, "test": None}
+    assert DataConfig(**plain) == cfg and DataConfig(**plain).fingerprint() == cfg.fingerprint()
+    assert DataConfig(seed=1).fingerprint() != DataConfig(seed=2).fingerprint()
+    assert DataConfig(cache_dir="/a").fingerprint() == DataConfig().fingerprint()
+    with pytest.raises(TypeError):
+        DataConfig(**{**plain, "unknown_key": 1})
+    with pytest.raises(ValueError, match="no path configured for split 'val'"):
+        cfg.tsv_path.get("val")
+
+
+def test_batches_feed_relevance_from_ids():
+    from ce_retrieval.losses import relevance_from_ids
+
+    cfg = DataConfig(num_train_images=4, num_val_images=4, num_test_images=4, image_size=16)
+    batch = next(iter(train_pipeline(cfg, "train", batch_size=12, seed=0)))  # 20 captions of 4 images
+    relevance = relevance_from_ids(batch["image_id"], batch["image_id"]).numpy()
+    assert np.all(np.diag(relevance) == 1)
+    assert relevance.sum() > 12  # captions of one image in one batch are positives of each other
