@@ -94,7 +94,7 @@ def main(workdir, batchnorm):
                 "loss_multi": logs_multi["loss"][0],
                 "worst": worst,
                 "fraction_moved": moved,
-                "optimizer_iterations": [int(multi.text_optimizer.iterations), int(multi.image_optimizer.iterations)],
+                "optimizer_iterations": [int(multi.text_optimizer.iterations.numpy()), int(multi.image_optimizer.iterations.numpy())],
             }
         )
     )

@@ -10,7 +10,8 @@ from ce_retrieval.modeling import OptimizerConfig, build_optimizers, build_two_t
 def _model(vocab_file):
     model = build_two_tower(tiny_config(), vocab_file)
     text_opt, image_opt = build_optimizers(OptimizerConfig.tiny(text_warmup_steps=1), total_steps=50)
-    model.compile(loss=SoftmaxTestLoss(), text_optimizer=text_opt, image_optimizer=image_opt)
+    # Eager steps: these tests take 1-3 steps, so tracing the step graph would cost more than it saves.
+    model.compile(loss=SoftmaxTestLoss(), text_optimizer=text_opt, image_optimizer=image_opt, run_eagerly=True)
     return model
 
 

@@ -1,4 +1,5 @@
-"""Text tower through hub.KerasLayer on a local SavedModel; training-only image augmentation."""
+"""Pretrained-weight paths (hub.KerasLayer on a local SavedModel, BERT checkpoint, local ResNet weights), SavedModel
+export of the encoders, and training-only image augmentation."""
 import dataclasses
 import os
 import shutil
@@ -8,6 +9,7 @@ import tensorflow as tf
 from conftest import make_batch, make_images, tiny_config
 
 from ce_retrieval.modeling import ImageAugmentation, TextTowerConfig, build_text_tower, build_two_tower
+from ce_retrieval.modeling.image_tower import build_backbone
 
 
 def test_hub_text_tower_loads_a_local_saved_model_and_matches_the_bert_tower(vocab_file, tmp_path):
@@ -54,3 +56,34 @@ def test_augmentation_only_in_training(vocab_file):
 
     off = dataclasses.replace(cfg.image.augmentation, enabled=False)
     assert not ImageAugmentation(off, 64).active
+
+
+def test_bert_checkpoint_and_local_resnet_weights_are_restored(vocab_file, tmp_path):
+    cfg = tiny_config()
+    source = build_text_tower(cfg.text, 16, vocab_file).core.get_layer("bert_encoder")
+    prefix = tf.train.Checkpoint(encoder=source).write(str(tmp_path / "bert" / "ckpt"))
+    restored = build_text_tower(dataclasses.replace(cfg.text, init_checkpoint=prefix), 16, vocab_file)
+    for a, b in zip(source.get_weights(), restored.core.get_layer("bert_encoder").get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+    backbone = build_backbone(cfg.image)
+    path = str(tmp_path / "resnet.weights.h5")
+    backbone.save_weights(path)
+    loaded = build_backbone(dataclasses.replace(cfg.image, weights=path))
+    for a, b in zip(backbone.get_weights(), loaded.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_encoders_export_as_saved_models_taking_raw_strings(vocab_file, tmp_path):
+    model = build_two_tower(tiny_config(), vocab_file)
+    batch = make_batch()
+    for name, key in (("text_encoder", "caption"), ("image_encoder", "image")):
+        encoder = getattr(model, name)
+        path = str(tmp_path / name)
+        tf.saved_model.save(encoder, path)
+        reloaded = tf.saved_model.load(path)
+        np.testing.assert_allclose(
+            reloaded.signatures["serving_default"](**{key: batch[key]})[encoder.output_names[0]].numpy(),
+            encoder(batch[key]).numpy(),
+            atol=1e-5,
+        )
