@@ -151,9 +151,35 @@ def build_bert_encoder(cfg: TextTowerConfig, vocab_size: int) -> tf.keras.layers
 
 def build_hub_encoder(cfg: TextTowerConfig) -> tf.keras.layers.Layer:
     """``hub.KerasLayer`` for a TF-Hub URL or a local SavedModel directory with BERT dict inputs/outputs."""
+    hub = import_tensorflow_hub()
+    return hub.KerasLayer(cfg.hub_handle, trainable=cfg.trainable, name="hub_text_encoder")
+
+
+def import_tensorflow_hub():
+    """``import tensorflow_hub``, working around its import-time use of ``pkg_resources``.
+
+    tensorflow-hub 0.16.1 calls ``pkg_resources.parse_version`` once, to check the TensorFlow version, and
+    setuptools >= 81 no longer ships ``pkg_resources``. If it is missing, a one-function stand-in backed by
+    ``packaging.version.parse`` is registered for that check (pinning ``setuptools<81`` makes this a no-op).
+    """
+    import sys
+
+    try:
+        import pkg_resources  # noqa: F401
+    except ImportError:
+        import types
+
+        from packaging.version import parse
+
+        sys.modules["pkg_resources"] = types.SimpleNamespace(parse_version=parse)
+        try:
+            import tensorflow_hub as hub
+        finally:
+            del sys.modules["pkg_resources"]
+        return hub
     import tensorflow_hub as hub
 
-    return hub.KerasLayer(cfg.hub_handle, trainable=cfg.trainable, name="hub_text_encoder")
+    return hub
 
 
 def default_hub_vocab(handle: str) -> str | None:

@@ -24,7 +24,7 @@ def test_hub_text_tower_loads_a_local_saved_model_and_matches_the_bert_tower(voc
     os.makedirs(os.path.join(handle, "assets"), exist_ok=True)
     shutil.copy(vocab_file, os.path.join(handle, "assets", "vocab.txt"))
 
-    hub_cfg = TextTowerConfig(kind="hub", hub_handle=handle, max_seq_length=32)
+    hub_cfg = TextTowerConfig(kind="hub", hub_handle=handle, max_seq_length=32, pooling=cfg.text.pooling)
     hub_tower = build_text_tower(hub_cfg, 16, vocab_path=None)  # vocab from <handle>/assets/vocab.txt
     hub_tower.core.get_layer("text_projection").set_weights(bert_tower.core.get_layer("text_projection").get_weights())
     captions = tf.constant(["a red dog on the grass", "the blue car", "sky"])
