@@ -21,7 +21,7 @@ import dataclasses
 from dataclasses import field
 
 TEXT_KINDS = ("bert", "hub")
-CLS_SOURCES = ("sequence", "pooled")
+TEXT_POOLINGS = ("cls", "pooled", "mean")
 BATCHNORM_MODES = ("train", "frozen", "sync")
 RESIZE_MODES = ("center_crop", "stretch")
 BLOCK_TYPES = ("block", "basic_block")
@@ -61,13 +61,15 @@ class TextTowerConfig:
     type_vocab_size: int = 2
     max_seq_length: int = 32
     lower_case: bool = True
-    # "sequence": the last layer's [CLS] vector (the paper); "pooled": BERT's tanh pooler on top of it.
-    cls_source: str = "sequence"
+    # "cls": the last layer's [CLS] vector (the paper); "pooled": BERT's tanh pooler on top of it; "mean": masked
+    # mean of the last layer over the caption's tokens (not in the paper; learns much faster from random init,
+    # where BERT's [CLS] vectors of different captions are nearly identical, so the tiny preset uses it).
+    pooling: str = "cls"
     trainable: bool = True
 
     def __post_init__(self):
         _check_choice("text.kind", self.kind, TEXT_KINDS)
-        _check_choice("text.cls_source", self.cls_source, CLS_SOURCES)
+        _check_choice("text.pooling", self.pooling, TEXT_POOLINGS)
         if self.kind == "hub" and not self.hub_handle:
             raise ValueError("text.kind='hub' needs text.hub_handle (a TF-Hub URL or a local SavedModel directory)")
         if self.max_seq_length < 3:
@@ -188,7 +190,7 @@ class ModelConfig:
 
     @classmethod
     def tiny(cls, **overrides) -> ModelConfig:
-        """A CPU-fast model: 2-layer BERT (hidden 64), 4-stage ResNet with one small bottleneck block each
+        """A CPU-fast model trained from scratch: 2-layer BERT (hidden 64, mean pooling), 4-stage ResNet with one small bottleneck block each
         (filters 8-64, 256 output channels), 64x64 images, d = 32."""
         cfg = cls(
             text=TextTowerConfig(
@@ -197,6 +199,7 @@ class ModelConfig:
                 num_attention_heads=2,
                 intermediate_size=128,
                 max_position_embeddings=64,
+                pooling="mean",
             ),
             image=ImageTowerConfig(
                 image_size=64,

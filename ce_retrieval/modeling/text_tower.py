@@ -98,16 +98,20 @@ class TextPreprocessor(tf.keras.layers.Layer):
         }
 
 
-def _cls_from_outputs(outputs, cls_source: str, where: str):
+def _pool(outputs, input_mask, pooling: str, where: str):
+    """The caption vector from the encoder outputs: [CLS] of the last layer, BERT's pooler, or a masked mean."""
     if not isinstance(outputs, dict):
         raise TypeError(f"{where}: the text encoder must return a dict with 'sequence_output' / 'pooled_output'")
-    if cls_source == "pooled":
-        if "pooled_output" not in outputs:
-            raise KeyError(f"{where}: encoder outputs have no 'pooled_output' (keys: {sorted(outputs)})")
-        return outputs["pooled_output"]
-    if "sequence_output" not in outputs:
-        raise KeyError(f"{where}: encoder outputs have no 'sequence_output' (keys: {sorted(outputs)})")
-    return outputs["sequence_output"][:, 0, :]
+    key = "pooled_output" if pooling == "pooled" else "sequence_output"
+    if key not in outputs:
+        raise KeyError(f"{where}: encoder outputs have no {key!r} (keys: {sorted(outputs)})")
+    if pooling == "pooled":
+        return outputs[key]
+    sequence = outputs[key]
+    if pooling == "cls":
+        return sequence[:, 0, :]
+    mask = tf.cast(input_mask, sequence.dtype)[:, :, None]
+    return tf.reduce_sum(sequence * mask, axis=1) / tf.maximum(tf.reduce_sum(mask, axis=1), 1.0)
 
 
 def build_bert_encoder(cfg: TextTowerConfig, vocab_size: int) -> tf.keras.layers.Layer:
@@ -147,9 +151,35 @@ def build_bert_encoder(cfg: TextTowerConfig, vocab_size: int) -> tf.keras.layers
 
 def build_hub_encoder(cfg: TextTowerConfig) -> tf.keras.layers.Layer:
     """``hub.KerasLayer`` for a TF-Hub URL or a local SavedModel directory with BERT dict inputs/outputs."""
+    hub = import_tensorflow_hub()
+    return hub.KerasLayer(cfg.hub_handle, trainable=cfg.trainable, name="hub_text_encoder")
+
+
+def import_tensorflow_hub():
+    """``import tensorflow_hub``, working around its import-time use of ``pkg_resources``.
+
+    tensorflow-hub 0.16.1 calls ``pkg_resources.parse_version`` once, to check the TensorFlow version, and
+    setuptools >= 81 no longer ships ``pkg_resources``. If it is missing, a one-function stand-in backed by
+    ``packaging.version.parse`` is registered for that check (pinning ``setuptools<81`` makes this a no-op).
+    """
+    import sys
+
+    try:
+        import pkg_resources  # noqa: F401
+    except ImportError:
+        import types
+
+        from packaging.version import parse
+
+        sys.modules["pkg_resources"] = types.SimpleNamespace(parse_version=parse)
+        try:
+            import tensorflow_hub as hub
+        finally:
+            del sys.modules["pkg_resources"]
+        return hub
     import tensorflow_hub as hub
 
-    return hub.KerasLayer(cfg.hub_handle, trainable=cfg.trainable, name="hub_text_encoder")
+    return hub
 
 
 def default_hub_vocab(handle: str) -> str | None:
@@ -168,11 +198,11 @@ def build_text_tower(cfg: TextTowerConfig, embedding_dim: int, vocab_path: str |
 
     encoder_layer = build_bert_encoder(cfg, preprocessor.vocab_size) if cfg.kind == "bert" else build_hub_encoder(cfg)
     encoder_layer.trainable = cfg.trainable
-    if cfg.kind == "bert" and cfg.cls_source == "sequence":
+    if cfg.kind == "bert" and cfg.pooling != "pooled":
         encoder_layer.pooler_layer.trainable = False  # the tanh pooler is unused: no gradient reaches it
     inputs = {key: tf.keras.Input(shape=(cfg.max_seq_length,), dtype=tf.int32, name=key) for key in BERT_INPUT_KEYS}
-    cls = _cls_from_outputs(encoder_layer(inputs), cfg.cls_source, "text tower")
-    projected = tf.keras.layers.Dense(embedding_dim, use_bias=False, name="text_projection")(cls)
+    pooled = _pool(encoder_layer(inputs), inputs["input_mask"], cfg.pooling, "text tower")
+    projected = tf.keras.layers.Dense(embedding_dim, use_bias=False, name="text_projection")(pooled)
     embedding = L2Normalize(name="text_embedding")(projected)
     core = tf.keras.Model(inputs, embedding, name="text_core")
 

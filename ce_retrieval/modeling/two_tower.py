@@ -141,6 +141,9 @@ class TwoTowerModel(tf.keras.Model):
         # and TensorBoard read); the image optimizer is tracked as an attribute, so checkpoints hold both.
         super().compile(optimizer=text_optimizer, loss=None, jit_compile=False, **kwargs)
         self._check_variable_partition()
+        # Create the slots now (not lazily at the first step) so a checkpoint restore fills them directly.
+        self.text_optimizer.build(self.text_variables)
+        self.image_optimizer.build(self.image_variables)
 
     def _resolve_loss(self, loss, loss_kwargs):
         from ce_retrieval import losses as losses_lib

@@ -63,7 +63,12 @@ def make_batch(num_images=6, captions_per_image=(2, 1, 1, 1, 1, 2), seed=0):
 def tiny_config(augment=False, **overrides):
     from ce_retrieval.modeling import ModelConfig
 
-    cfg = ModelConfig.tiny(**overrides)
-    cfg.text = dataclasses.replace(cfg.text, dropout_rate=0.0, attention_dropout_rate=0.0)
+    cfg = ModelConfig.tiny(**overrides)  # made smaller still: tests pay graph-building time per model
+    cfg.text = dataclasses.replace(
+        cfg.text, hidden_size=32, num_layers=1, intermediate_size=64, dropout_rate=0.0, attention_dropout_rate=0.0
+    )
+    cfg.image = dataclasses.replace(
+        cfg.image, image_size=32, stackwise_filters=[8, 16], stackwise_blocks=[1, 1], stackwise_strides=[1, 2]
+    )
     cfg.image.augmentation = dataclasses.replace(cfg.image.augmentation, enabled=augment)
     return cfg

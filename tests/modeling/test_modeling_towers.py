@@ -55,14 +55,14 @@ def test_image_encoder_decodes_png_jpeg_grey_and_rgba(model):
     assert emb.shape == (5, 32) and emb.dtype == tf.float32
     np.testing.assert_allclose(tf.norm(emb, axis=1).numpy(), 1.0, atol=1e-5)
     pixels = model.image_preprocessor(tf.constant(data))
-    assert pixels.shape == (5, 64, 64, 3)
+    assert pixels.shape == (5, 32, 32, 3)
     assert 0.0 <= float(tf.reduce_min(pixels)) and float(tf.reduce_max(pixels)) <= 1.0
     np.testing.assert_allclose(pixels[3].numpy(), 128 / 255, atol=1e-3)  # grey -> 3 equal channels
 
 
 def test_image_decoder_center_crop_keeps_aspect_ratio(model):
     img = np.zeros((40, 80, 3), np.uint8)
-    img[:, :10] = 255  # white left strip is cropped away by a centre crop of the 64x128 resize
+    img[:, :10] = 255  # white left strip is cropped away by a centre crop of the 32x64 resize
     pixels = model.image_preprocessor(tf.constant([tf.io.encode_png(img).numpy()]))[0].numpy()
     assert pixels.max() < 0.05
 
