@@ -17,6 +17,7 @@ import datetime
 import hashlib
 import json
 import os
+import re
 import subprocess
 import time
 
@@ -30,6 +31,12 @@ from ce_retrieval.evaluation.search import exact_search
 __all__ = ["dataset_fingerprint", "evaluate_embeddings", "evaluate_model", "git_commit"]
 
 SCHEMA_VERSION = 1
+
+
+def _file_tag(name: str) -> str:
+    """A split name usable in a file name: ``synthetic/test`` -> ``test`` (the last path part), other odd
+    characters replaced by ``_``."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", str(name).rstrip("/").split("/")[-1]) or "split"
 
 
 def dataset_fingerprint(split) -> str:
@@ -168,7 +175,7 @@ def evaluate_model(
         os.makedirs(output_dir, exist_ok=True)
         if plots:
             result["files"] = _write_plots(split, query_emb, doc_emb, metrics, output_dir, run_name, num_plot_queries)
-        path = os.path.join(output_dir, f"eval_{split.name}.json")
+        path = os.path.join(output_dir, f"eval_{_file_tag(split.name)}.json")
         with open(path, "w") as f:
             json.dump(_jsonable(result), f, indent=1)
         result["files"]["json"] = path
@@ -183,18 +190,18 @@ def _write_plots(split, query_emb, doc_emb, metrics, output_dir, run_name, num_p
     files = {
         "pr_curve": plots.plot_pr_curves(
             {run_name: {**cal["curve"], "pr_auc": cal["pr_auc"]}},
-            os.path.join(output_dir, f"pr_curve_{split.name}.png"),
+            os.path.join(output_dir, f"pr_curve_{_file_tag(split.name)}.png"),
             title=f"Global precision-recall, {split.name} ({cal['num_pairs']:,} pairs)",
         ),
         "score_distribution": plots.plot_score_distributions(
-            query_emb, doc_emb, os.path.join(output_dir, f"score_distribution_{split.name}.png"),
+            query_emb, doc_emb, os.path.join(output_dir, f"score_distribution_{_file_tag(split.name)}.png"),
             num_queries=num_plot_queries, title=f"{run_name}: score distribution per query ({split.name})", threshold=threshold,
         ),
     }
     indices, scores = exact_search(query_emb, doc_emb, min(5, len(doc_emb)))
     files["retrieval_sheet"] = plots.plot_retrieval_sheet(
         split.captions, split.caption_ids, split.images, split.image_ids, indices, scores,
-        os.path.join(output_dir, f"retrieval_sheet_{split.name}.png"), threshold=threshold,
+        os.path.join(output_dir, f"retrieval_sheet_{_file_tag(split.name)}.png"), threshold=threshold,
         title=f"{run_name}: lowest (top) and highest (bottom) scoring queries, {split.name}",
     )
     return files
