@@ -44,6 +44,7 @@ class NPairLoss(RetrievalLoss):
         super().__init__(**kwargs)
         self.scale = float(scale)
 
+    @tf.autograph.experimental.do_not_convert  # no tensor-dependent Python control flow: skip autograph
     def compute(self, relevance, scores):
         return softmax_per_positive(relevance, self.scale * scores)
 
@@ -61,6 +62,7 @@ class InfoNCE(RetrievalLoss):
         super().__init__(**kwargs)
         self.temperature = float(temperature)
 
+    @tf.autograph.experimental.do_not_convert  # no tensor-dependent Python control flow: skip autograph
     def compute(self, relevance, scores):
         return softmax_per_positive(relevance, scores / self.temperature)
 

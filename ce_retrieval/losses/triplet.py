@@ -83,6 +83,7 @@ class TripletLoss(RetrievalLoss):
         self.positive_mining = positive_mining
         self.average_nonzero = bool(average_nonzero)
 
+    @tf.autograph.experimental.do_not_convert  # no tensor-dependent Python control flow: skip autograph
     def compute(self, relevance, scores):
         positive, negative = pair_masks(relevance)
         if self.positive_mining == "hard":
