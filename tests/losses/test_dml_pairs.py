@@ -46,6 +46,11 @@ CASES = {
         P(ref.triplet, mining="hard", positive_mining="hard", distance="euclidean"),
         False,
     ),
+    "triplet_semi_hard_hardest_positive": (
+        lambda: TripletLoss(mining="semi-hard", positive_mining="hard", distance="cosine"),
+        P(ref.triplet, mining="semi-hard", positive_mining="hard", distance="cosine"),
+        False,
+    ),
     "lifted": (lambda: LiftedStructureLoss(), ref.lifted, False),
     "npair": (lambda: NPairLoss(scale=5.0), P(ref.npair, scale=5.0), False),
     "infonce": (lambda: InfoNCE(temperature=0.1), P(ref.npair, scale=10.0), False),
@@ -129,7 +134,7 @@ def test_xla_equals_eager_for_every_loss():
     semi-hard miner's argsorts and gathers, the angular matmul with the N-pair log-sum-exps, multi-similarity
     mining. XLA compiles slowly on a shared CPU, so the losses built only from masked means and log-sum-exps
     (binomial, contrastive, circle, lifted, InfoNCE) are left to the eager tests."""
-    names = ["angular_npair", "multi_similarity", "triplet_all", "triplet_semi_hard"]
+    names = ["angular_npair", "multi_similarity", "triplet_all", "triplet_semi_hard", "triplet_semi_hard_hardest_positive"]
     instances = [CASES[n][0]() for n in names]
     inputs = [batches(CASES[n][2])[0] for n in names]
 
@@ -200,7 +205,7 @@ def test_vse_plus_plus_max_violation_bidirectional():
 
 
 def test_triplet_all_never_builds_cubic_tensor():
-    """At N = M = 256 an [N, M, M] float32 tensor is 64 MiB; the sorted merge needs O(N M)."""
+    """At N = M = 256 an [N, M, M] float32 tensor is 64 MiB; sort + binary search need O(N M)."""
     n = 256
     rng = np.random.default_rng(5)
     e = rng.normal(size=(n, 16)).astype(np.float32)
