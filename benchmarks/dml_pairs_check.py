@@ -13,6 +13,7 @@ import os
 import time
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # what `import ce_retrieval` does, before TensorFlow loads
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402

@@ -104,20 +104,45 @@ def count_below(thresholds: tf.Tensor, values: tf.Tensor, value_mask: tf.Tensor,
         total[a, j] = sum of those values[a, n]
 
     Why: sum_n [t_aj - v_an]_+ = count * t_aj - total turns the all-triplets hinge sum (an [N, M, M] tensor)
-    into one sort per row plus a binary search per threshold. The row's masked values are sorted once
-    (masked entries as +inf, last), their running sum is taken, and ``tf.searchsorted`` finds each threshold's
-    insertion point (left side for <, right side for <=), which is ``count``; ``total`` is the running sum
-    there. Cost: one argsort and one batched binary search of ``[N, M]``: O(N M log M) time, O(N M) memory.
-    ``total`` is differentiable in ``values`` (through gathers); ``count`` is piecewise constant.
+    into a merge of two sorted lists per row. The row's thresholds and values are concatenated and sorted
+    once (a stable sort; ties resolved by the concatenation order, which implements < versus <=); running
+    sums of the value indicator and of the values along the merged order, read back at each threshold's
+    position (the inverse permutation, by a scatter), give ``count`` and ``total``. Cost: one argsort of
+    ``[N, 2M]``, two cumsums, a scatter and gathers: O(N M log M) time and O(N M) memory, also under XLA
+    (``tf.searchsorted`` would be shorter, but XLA lowers it to an ``[N, M, M]`` comparison).
+    ``total`` is differentiable in ``values`` (through the gathers); ``count`` is piecewise constant.
     Thresholds must be finite.
     """
-    order, sorted_keys = sorted_by_row(values, value_mask)
-    masked_values = tf.where(tf.cast(value_mask, tf.bool), values, tf.zeros_like(values))
-    running_total = tf.cumsum(tf.gather(masked_values, order, batch_dims=1), axis=1)
-    count = tf.searchsorted(sorted_keys, tf.stop_gradient(thresholds), side="right" if inclusive else "left")
-    total = tf.gather(running_total, tf.maximum(count - 1, 0), batch_dims=1)
-    total = tf.where(count > 0, total, tf.zeros_like(total))
-    return tf.cast(count, values.dtype), total
+    m = tf.shape(values)[1]
+    value_mask = tf.cast(value_mask, tf.bool)
+    value_keys = tf.where(value_mask, values, tf.fill(tf.shape(values), float("inf")))
+    is_value = tf.cast(value_mask, values.dtype)
+    masked_values = tf.where(value_mask, values, tf.zeros_like(values))
+    zeros = tf.zeros_like(thresholds)
+    if inclusive:  # values first: a value equal to a threshold sorts before it and is counted
+        keys = tf.concat([value_keys, thresholds], axis=1)
+        indicator = tf.concat([is_value, zeros], axis=1)
+        summand = tf.concat([masked_values, zeros], axis=1)
+    else:
+        keys = tf.concat([thresholds, value_keys], axis=1)
+        indicator = tf.concat([zeros, is_value], axis=1)
+        summand = tf.concat([zeros, masked_values], axis=1)
+    order = tf.argsort(tf.stop_gradient(keys), axis=1, stable=True)
+    running_count = tf.cumsum(tf.gather(indicator, order, batch_dims=1), axis=1)
+    running_total = tf.cumsum(tf.gather(summand, order, batch_dims=1), axis=1)
+    position = inverse_permutation(order)
+    threshold_position = position[:, m:] if inclusive else position[:, :m]
+    count = tf.gather(running_count, threshold_position, batch_dims=1)
+    total = tf.gather(running_total, threshold_position, batch_dims=1)
+    return count, total
+
+
+def inverse_permutation(order: tf.Tensor) -> tf.Tensor:
+    """Row-wise inverse of a permutation ``[N, L]``: ``out[a, order[a, k]] = k`` (one scatter, O(N L))."""
+    shape = tf.shape(order)
+    rows = tf.broadcast_to(tf.range(shape[0])[:, None], shape)
+    ranks = tf.broadcast_to(tf.range(shape[1])[None, :], shape)
+    return tf.scatter_nd(tf.stack([rows, order], axis=-1), ranks, shape)
 
 
 def sorted_by_row(values: tf.Tensor, value_mask: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:

@@ -19,14 +19,14 @@ by the losses is a decreasing function of ``s``, so "closer" means "larger s" wh
   points on the unit sphere in R^n, d clipped below at ``cutoff`` (0.5) and pairs beyond
   ``nonzero_loss_cutoff`` (1.4) excluded.
 
-Semi-hard mining per positive pair would be an ``[N, M, M]`` comparison; it sorts each row's negatives once
-and binary-searches every positive's similarity instead: O(N M log M) time, O(N M) memory.
+Semi-hard mining per positive pair would be an ``[N, M, M]`` comparison; it sorts each row's negatives and
+merges them with the row's positives instead (``_pairs.count_below``): O(N M log M) time, O(N M) memory.
 """
 from __future__ import annotations
 
 import tensorflow as tf
 
-from ce_retrieval.losses._pairs import masked_max, masked_min, pair_masks, row_any, sorted_by_row
+from ce_retrieval.losses._pairs import count_below, masked_max, masked_min, pair_masks, row_any, sorted_by_row
 
 
 def _inputs(relevance, scores):
@@ -74,8 +74,8 @@ def semi_hard_negative_indices(relevance, scores) -> tuple[tf.Tensor, tf.Tensor]
     positive, negative = pair_masks(relevance)
     # In "distance" order u = -s (ascending = farther). Negatives with u_an <= u_ap are not farther.
     u = -scores
-    order, sorted_u = sorted_by_row(u, negative)  # the row's negatives, nearest first, then +inf padding
-    not_farther = tf.searchsorted(sorted_u, u, side="right")
+    order, _ = sorted_by_row(u, negative)  # the row's negatives, nearest first, then the masked entries
+    not_farther = tf.cast(count_below(u, u, negative, inclusive=True)[0], tf.int32)
     num_negatives = tf.reduce_sum(tf.cast(negative, tf.int32), axis=1, keepdims=True)
     # The first farther negative sits at position `not_farther` of the ascending order; if there is none,
     # position num_negatives - 1 holds the farthest negative.

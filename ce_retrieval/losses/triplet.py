@@ -16,15 +16,15 @@ Which triplets (``mining``, per positive pair (a, p)):
   ``average_nonzero=True`` divides the sum by the number of *active* triplets (loss > 0) instead, as the
   batch-all loss of Hermans et al. (2017) and pytorch-metric-learning's default ``AvgNonZeroReducer``.
   Cost: no ``[N, M, M]`` tensor. ``sum_n [t - D_an]_+ = count(D_an < t) * t - sum_{D_an < t} D_an`` with
-  ``t = m + D_ap``; both come from sorting each row's negative distances once, a running sum, and a
-  binary search per positive pair (``_pairs.count_below``): O(N M log M) time, O(N M) memory, exact value
-  and gradient.
+  ``t = m + D_ap``; both come from one sorted merge per row of the thresholds with the negative distances
+  and running sums along it (``_pairs.count_below``): O(N M log M) time, O(N M) memory (also under XLA),
+  exact value and gradient.
 * ``'hard'``: the hardest negative of the row, ``min_n D(a, n)`` — VSE++'s max violation
   (``max_violation=True`` is an alias). With ``bidirectional=True`` and ``distance='cosine'`` this is the
   VSE++ image-text loss (VSE++ sums over the batch; here it is averaged).
 * ``'semi-hard'``: FaceNet's semi-hard negative, the closest negative farther than the positive (falling
-  back to the farthest negative when none is), see ``miners.semi_hard_negative_indices`` (a sort per row
-  and a binary search per positive pair). With ``positive_mining='hard'`` each row has one positive and it
+  back to the farthest negative when none is), see ``miners.semi_hard_negative_indices`` (sorts per row,
+  O(N M log M)). With ``positive_mining='hard'`` each row has one positive and it
   is a masked max/min instead: O(N M).
 
 ``positive_mining='hard'`` keeps only each anchor's farthest positive (one term per anchor): with
