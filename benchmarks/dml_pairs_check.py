@@ -1,7 +1,7 @@
 """Forward + backward cost of each pair/triplet loss at N = 2048, as a ratio to an in-batch sampled softmax
 computed the same way in the same process (the target: <= 3x, triplet 'all' excepted).
 
-    .venv/bin/python benchmarks/dml_pairs_check.py [--n 2048] [--dim 128] [--repeats 7] [--xla]
+    .venv/bin/python benchmarks/dml_pairs_check.py [--n 2048] [--dim 128] [--repeats 7] [--xla] [--only Triplet]
 
 Each loss gets a ``tf.function`` (optionally ``jit_compile``) computing ``d loss / d S`` for a fixed
 ``S = E E^T`` of L2-normalised random embeddings with K = 2 examples per class (P x K = 1024 x 2); the figure
@@ -37,6 +37,7 @@ CONFIGS = {
     "TripletLoss(hard)": lambda: losses.TripletLoss(mining="hard"),
     "TripletLoss(semi-hard)": lambda: losses.TripletLoss(mining="semi-hard"),
     "TripletLoss(batch-hard)": lambda: losses.TripletLoss(mining="hard", positive_mining="hard"),
+    "TripletLoss(semi-hard, hardest positive)": lambda: losses.TripletLoss(mining="semi-hard", positive_mining="hard"),
     "LiftedStructureLoss": lambda: losses.LiftedStructureLoss(),
     "NPairLoss": lambda: losses.NPairLoss(),
     "InfoNCE": lambda: losses.InfoNCE(),
@@ -75,6 +76,7 @@ def main():
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--xla", action="store_true", help="jit_compile every function (baseline included)")
+    parser.add_argument("--only", default="", help="comma-separated substrings: benchmark matching losses only")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     e = rng.normal(size=(args.n, args.dim)).astype(np.float32)
@@ -84,10 +86,12 @@ def main():
     scores = tf.constant(e @ e.T)
     base = timed(grad_fn(sampled_softmax, relevance, args.xla), scores, args.repeats)
     print(f"N={args.n} dim={args.dim} xla={args.xla}  baseline in-batch sampled softmax: {1e3 * base:.1f} ms")
-    print(f"{'loss':26s} {'ms':>9s} {'ratio':>7s}")
+    print(f"{'loss':42s} {'ms':>9s} {'ratio':>7s}")
     for name, factory in CONFIGS.items():
+        if args.only and not any(key in name for key in args.only.split(",")):
+            continue
         t = timed(grad_fn(factory(), relevance, args.xla), scores, args.repeats)
-        print(f"{name:26s} {1e3 * t:9.1f} {t / base:7.2f}")
+        print(f"{name:42s} {1e3 * t:9.1f} {t / base:7.2f}")
     again = timed(grad_fn(sampled_softmax, relevance, args.xla), scores, args.repeats)
     print(f"baseline re-measured at the end: {1e3 * again:.1f} ms (drift {again / base:.2f}x)")
 
