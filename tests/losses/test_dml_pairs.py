@@ -55,6 +55,11 @@ CASES = {
     "lifted": (lambda: LiftedStructureLoss(), ref.lifted, False),
     "npair": (lambda: NPairLoss(scale=5.0), P(ref.npair, scale=5.0), False),
     "infonce": (lambda: InfoNCE(temperature=0.1), P(ref.npair, scale=10.0), False),
+    "symmetric_infonce": (
+        lambda: SymmetricInfoNCE(temperature=0.2),
+        lambda s, r: 0.5 * (ref.npair(s, r, scale=5.0) + ref.npair(s.T, r.T, scale=5.0)),
+        False,
+    ),
     "angular": (lambda: AngularLoss(alpha=45.0), P(ref.angular, alpha=45.0), True),
     "angular_npair": (lambda: AngularLoss(with_npair=True), P(ref.angular, with_npair=True), True),
     "multi_similarity": (lambda: MultiSimilarityLoss(), ref.multi_similarity, False),
