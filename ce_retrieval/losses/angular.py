@@ -44,6 +44,7 @@ class AngularLoss(RetrievalLoss):
         self.with_npair = bool(with_npair)
         self.npair_weight = float(npair_weight)
 
+    @tf.autograph.experimental.do_not_convert  # no tensor-dependent Python control flow: skip autograph
     def compute(self, relevance, scores):
         scores = require_square(scores, "AngularLoss")
         positive, negative = pair_masks(relevance)

@@ -29,6 +29,7 @@ class BinomialDevianceLoss(RetrievalLoss):
         super().__init__(**kwargs)
         self.alpha, self.beta, self.negative_cost = float(alpha), float(beta), float(negative_cost)
 
+    @tf.autograph.experimental.do_not_convert  # no tensor-dependent Python control flow: skip autograph
     def compute(self, relevance, scores):
         positive, negative = pair_masks(relevance)
         shifted = self.alpha * (scores - self.beta)

@@ -33,6 +33,7 @@ class CircleLoss(RetrievalLoss):
         super().__init__(**kwargs)
         self.margin, self.gamma = float(margin), float(gamma)
 
+    @tf.autograph.experimental.do_not_convert  # no tensor-dependent Python control flow: skip autograph
     def compute(self, relevance, scores):
         positive, negative = pair_masks(relevance)
         m = self.margin

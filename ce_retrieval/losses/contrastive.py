@@ -33,6 +33,7 @@ class ContrastiveLoss(RetrievalLoss):
         self.margin = float(margin)
         self.balanced = bool(balanced)
 
+    @tf.autograph.experimental.do_not_convert  # no tensor-dependent Python control flow: skip autograph
     def compute(self, relevance, scores):
         positive, negative = pair_masks(relevance)
         distance = distance_from_similarity(scores, "euclidean")

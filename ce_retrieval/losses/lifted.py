@@ -32,6 +32,7 @@ class LiftedStructureLoss(RetrievalLoss):
         super().__init__(**kwargs)
         self.margin = float(margin)
 
+    @tf.autograph.experimental.do_not_convert  # no tensor-dependent Python control flow: skip autograph
     def compute(self, relevance, scores):
         positive, negative = pair_masks(relevance)
         dist = distance_from_similarity(scores, "euclidean")

@@ -19,14 +19,14 @@ by the losses is a decreasing function of ``s``, so "closer" means "larger s" wh
   points on the unit sphere in R^n, d clipped below at ``cutoff`` (0.5) and pairs beyond
   ``nonzero_loss_cutoff`` (1.4) excluded.
 
-Semi-hard mining per positive pair would be an ``[N, M, M]`` comparison; it uses a sorted merge instead
-(``_pairs.count_below``): O(N M log M) time, O(N M) memory.
+Semi-hard mining per positive pair would be an ``[N, M, M]`` comparison; it sorts each row's negatives and
+merges them with the row's positives instead (``_pairs.count_below``): O(N M log M) time, O(N M) memory.
 """
 from __future__ import annotations
 
 import tensorflow as tf
 
-from ce_retrieval.losses._pairs import count_below, masked_max, masked_min, pair_masks, row_any
+from ce_retrieval.losses._pairs import count_below, masked_max, masked_min, pair_masks, row_any, sorted_by_row
 
 
 def _inputs(relevance, scores):
@@ -74,14 +74,14 @@ def semi_hard_negative_indices(relevance, scores) -> tuple[tf.Tensor, tf.Tensor]
     positive, negative = pair_masks(relevance)
     # In "distance" order u = -s (ascending = farther). Negatives with u_an <= u_ap are not farther.
     u = -scores
-    not_farther, _ = count_below(u, u, negative, inclusive=True)
-    num_negatives = tf.reduce_sum(tf.cast(negative, tf.float32), axis=1, keepdims=True)
-    order = tf.argsort(tf.where(negative, u, tf.fill(tf.shape(u), float("inf"))), axis=1, stable=True)
+    order, _ = sorted_by_row(u, negative)  # the row's negatives, nearest first, then the masked entries
+    not_farther = tf.cast(count_below(u, u, negative, inclusive=True)[0], tf.int32)
+    num_negatives = tf.reduce_sum(tf.cast(negative, tf.int32), axis=1, keepdims=True)
     # The first farther negative sits at position `not_farther` of the ascending order; if there is none,
     # position num_negatives - 1 holds the farthest negative.
-    rank = tf.cast(tf.minimum(not_farther, tf.maximum(num_negatives - 1.0, 0.0)), tf.int32)
+    rank = tf.minimum(not_farther, tf.maximum(num_negatives - 1, 0))
     indices = tf.gather(order, rank, batch_dims=1)
-    return indices, positive & (num_negatives > 0.0)
+    return indices, positive & (num_negatives > 0)
 
 
 def multi_similarity_masks(relevance, scores, epsilon: float = 0.1) -> tuple[tf.Tensor, tf.Tensor]:

@@ -42,6 +42,7 @@ class MultiSimilarityLoss(RetrievalLoss):
         self.alpha, self.beta, self.lambda_ = float(alpha), float(beta), float(lambda_)
         self.epsilon, self.mining = float(epsilon), bool(mining)
 
+    @tf.autograph.experimental.do_not_convert  # no tensor-dependent Python control flow: skip autograph
     def compute(self, relevance, scores):
         positive, negative = pair_masks(relevance)
         anchors = row_any(positive, keepdims=False)

@@ -26,10 +26,11 @@ from ce_retrieval.losses.base import RetrievalLoss
 from ce_retrieval.losses.registry import register
 
 
-def softmax_per_positive(relevance: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
-    """Mean over positive pairs of ``-log(e^{l_ij} / (e^{l_ij} + sum_{Neg(i)} e^{l_ik}))``."""
+def softmax_per_positive(relevance: tf.Tensor, logits: tf.Tensor, axis: int = 1) -> tf.Tensor:
+    """Mean over positive pairs of ``-log(e^{l_ij} / (e^{l_ij} + sum_{Neg(i)} e^{l_ik}))``; ``axis=0`` contrasts
+    each positive with the negatives of its column instead (the image->text direction, without a transpose)."""
     positive, negative = pair_masks(relevance)
-    negatives = masked_logsumexp(logits, negative, axis=1)[:, None]
+    negatives = tf.expand_dims(masked_logsumexp(logits, negative, axis=axis), axis)
     log_denominator = logaddexp(logits, negatives)
     return masked_mean(log_denominator - logits, positive)
 
@@ -44,6 +45,7 @@ class NPairLoss(RetrievalLoss):
         super().__init__(**kwargs)
         self.scale = float(scale)
 
+    @tf.autograph.experimental.do_not_convert  # no tensor-dependent Python control flow: skip autograph
     def compute(self, relevance, scores):
         return softmax_per_positive(relevance, self.scale * scores)
 
@@ -61,6 +63,7 @@ class InfoNCE(RetrievalLoss):
         super().__init__(**kwargs)
         self.temperature = float(temperature)
 
+    @tf.autograph.experimental.do_not_convert  # no tensor-dependent Python control flow: skip autograph
     def compute(self, relevance, scores):
         return softmax_per_positive(relevance, scores / self.temperature)
 
@@ -70,17 +73,20 @@ class InfoNCE(RetrievalLoss):
 
 @register
 class SymmetricInfoNCE(InfoNCE):
-    """CLIP's loss: ``(InfoNCE(S) + InfoNCE(S^T)) / 2``; always bidirectional."""
+    """CLIP's loss: ``(InfoNCE(S) + InfoNCE(S^T)) / 2``; always bidirectional (rows and columns of S, no
+    transpose: column log-sum-exps)."""
+
+    supports_bidirectional = False  # it is bidirectional by definition; the flag is not a choice here
 
     def __init__(self, temperature: float = 0.07, **kwargs):
         if not kwargs.pop("bidirectional", True):
             raise ValueError("SymmetricInfoNCE is always bidirectional; use InfoNCE for one direction")
-        super().__init__(temperature=temperature, bidirectional=True, **kwargs)
+        super().__init__(temperature=temperature, **kwargs)
 
-    def get_config(self):
-        config = super().get_config()
-        config.pop("bidirectional", None)
-        return config
+    @tf.autograph.experimental.do_not_convert
+    def compute(self, relevance, scores):
+        logits = scores / self.temperature
+        return 0.5 * (softmax_per_positive(relevance, logits, 1) + softmax_per_positive(relevance, logits, 0))
 
 
 __all__ = ["InfoNCE", "NPairLoss", "SymmetricInfoNCE"]

@@ -16,13 +16,16 @@ Which triplets (``mining``, per positive pair (a, p)):
   ``average_nonzero=True`` divides the sum by the number of *active* triplets (loss > 0) instead, as the
   batch-all loss of Hermans et al. (2017) and pytorch-metric-learning's default ``AvgNonZeroReducer``.
   Cost: no ``[N, M, M]`` tensor. ``sum_n [t - D_an]_+ = count(D_an < t) * t - sum_{D_an < t} D_an`` with
-  ``t = m + D_ap``, and both are read off one sorted merge of the row's thresholds and negative distances
-  (``_pairs.count_below``): O(N M log M) time, O(N M) memory, exact value and gradient.
+  ``t = m + D_ap``; both come from one sorted merge per row of the thresholds with the negative distances
+  and running sums along it (``_pairs.count_below``): O(N M log M) time, O(N M) memory (also under XLA),
+  exact value and gradient.
 * ``'hard'``: the hardest negative of the row, ``min_n D(a, n)`` — VSE++'s max violation
   (``max_violation=True`` is an alias). With ``bidirectional=True`` and ``distance='cosine'`` this is the
   VSE++ image-text loss (VSE++ sums over the batch; here it is averaged).
 * ``'semi-hard'``: FaceNet's semi-hard negative, the closest negative farther than the positive (falling
-  back to the farthest negative when none is), see ``miners.semi_hard_negative_indices``.
+  back to the farthest negative when none is), see ``miners.semi_hard_negative_indices`` (sorts per row,
+  O(N M log M)). With ``positive_mining='hard'`` each row has one positive and it
+  is a masked max/min instead: O(N M).
 
 ``positive_mining='hard'`` keeps only each anchor's farthest positive (one term per anchor): with
 ``mining='hard'`` it is the batch-hard loss of Hermans et al. and TF-Similarity's ``('hard', 'hard')``,
@@ -38,6 +41,7 @@ from ce_retrieval.losses._pairs import (
     check_distance,
     count_below,
     distance_from_similarity,
+    masked_max,
     masked_mean,
     masked_min,
     pair_masks,
@@ -83,6 +87,7 @@ class TripletLoss(RetrievalLoss):
         self.positive_mining = positive_mining
         self.average_nonzero = bool(average_nonzero)
 
+    @tf.autograph.experimental.do_not_convert  # no tensor-dependent Python control flow: skip autograph
     def compute(self, relevance, scores):
         positive, negative = pair_masks(relevance)
         if self.positive_mining == "hard":
@@ -93,6 +98,10 @@ class TripletLoss(RetrievalLoss):
         if self.mining == "hard":
             per_pair = tf.nn.relu(self.margin + dist - masked_min(dist, negative))
             return masked_mean(per_pair, kept)
+        if self.mining == "semi-hard" and self.positive_mining == "hard":  # one positive per row: no sort
+            farther = negative & (scores < masked_min(scores, positive))
+            semi_hard = tf.where(row_any(farther), masked_min(dist, farther), masked_max(dist, negative))
+            return masked_mean(tf.nn.relu(self.margin + dist - semi_hard), kept)
         if self.mining == "semi-hard":
             index, _ = miners.semi_hard_negative_indices(relevance, scores)
             per_pair = tf.nn.relu(self.margin + dist - tf.gather(dist, index, batch_dims=1))
