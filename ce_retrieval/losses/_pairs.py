@@ -145,14 +145,6 @@ def inverse_permutation(order: tf.Tensor) -> tf.Tensor:
     return tf.scatter_nd(tf.stack([rows, order], axis=-1), ranks, shape)
 
 
-def sorted_by_row(values: tf.Tensor, value_mask: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    """``(order, sorted_keys)``: per row, the ascending order of the masked values (masked-out entries get
-    key +inf and come last) and the sorted keys themselves (no gradient)."""
-    keys = tf.stop_gradient(tf.where(tf.cast(value_mask, tf.bool), values, tf.fill(tf.shape(values), float("inf"))))
-    order = tf.argsort(keys, axis=1, stable=True)
-    return order, tf.gather(keys, order, batch_dims=1)
-
-
 def require_square(scores: tf.Tensor, owner: str) -> tf.Tensor:
     """Asserts ``N == M`` (query set == document set); returns ``scores`` with the check attached."""
     shape = scores.shape

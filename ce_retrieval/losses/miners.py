@@ -19,14 +19,14 @@ by the losses is a decreasing function of ``s``, so "closer" means "larger s" wh
   points on the unit sphere in R^n, d clipped below at ``cutoff`` (0.5) and pairs beyond
   ``nonzero_loss_cutoff`` (1.4) excluded.
 
-Semi-hard mining per positive pair would be an ``[N, M, M]`` comparison; it sorts each row's negatives and
-merges them with the row's positives instead (``_pairs.count_below``): O(N M log M) time, O(N M) memory.
+Semi-hard mining per positive pair would be an ``[N, M, M]`` comparison; one stable sort per row merges the
+row's negatives with its positives instead: O(N M log M) time, O(N M) memory.
 """
 from __future__ import annotations
 
 import tensorflow as tf
 
-from ce_retrieval.losses._pairs import count_below, masked_max, masked_min, pair_masks, row_any, sorted_by_row
+from ce_retrieval.losses._pairs import inverse_permutation, masked_max, masked_min, pair_masks, row_any
 
 
 def _inputs(relevance, scores):
@@ -72,15 +72,26 @@ def semi_hard_negative_indices(relevance, scores) -> tuple[tf.Tensor, tf.Tensor]
     """
     relevance, scores = _inputs(relevance, scores)
     positive, negative = pair_masks(relevance)
-    # In "distance" order u = -s (ascending = farther). Negatives with u_an <= u_ap are not farther.
+    # In "distance" order u = -s (ascending = farther). One stable sort merges the row's negatives (first, so
+    # that a negative tied with a positive counts as not farther) with its positives' thresholds.
     u = -scores
-    order, _ = sorted_by_row(u, negative)  # the row's negatives, nearest first, then the masked entries
-    not_farther = tf.cast(count_below(u, u, negative, inclusive=True)[0], tf.int32)
+    n, m = tf.shape(u)[0], tf.shape(u)[1]
+    inf = tf.fill(tf.shape(u), float("inf"))
+    keys = tf.stop_gradient(tf.concat([tf.where(negative, u, inf), u], axis=1))
+    order = tf.argsort(keys, axis=1, stable=True)  # [N, 2M]; negatives' entries are the columns < M
+    is_negative = tf.gather(tf.concat([negative, tf.zeros_like(negative)], axis=1), order, batch_dims=1)
+    rank = tf.cumsum(tf.cast(is_negative, tf.int32), axis=1)  # negatives at or before each merged position
+    # column of the k-th nearest negative (k = 0, 1, ...); every other entry lands in a spare column M
+    slot = tf.where(is_negative, rank - 1, m)
+    rows = tf.broadcast_to(tf.range(n)[:, None], tf.shape(order))
+    nearest = tf.tensor_scatter_nd_update(
+        tf.zeros([n, m + 1], tf.int32), tf.stack([rows, slot], axis=-1), tf.where(is_negative, order, 0)
+    )
+    position = inverse_permutation(order)[:, m:]  # where each pair's threshold sits in the merged order
+    not_farther = tf.gather(rank, position, batch_dims=1)
     num_negatives = tf.reduce_sum(tf.cast(negative, tf.int32), axis=1, keepdims=True)
-    # The first farther negative sits at position `not_farther` of the ascending order; if there is none,
-    # position num_negatives - 1 holds the farthest negative.
-    rank = tf.minimum(not_farther, tf.maximum(num_negatives - 1, 0))
-    indices = tf.gather(order, rank, batch_dims=1)
+    # The first farther negative is the `not_farther`-th nearest; if there is none, the farthest one.
+    indices = tf.gather(nearest, tf.minimum(not_farther, tf.maximum(num_negatives - 1, 0)), batch_dims=1)
     return indices, positive & (num_negatives > 0)
 
 
