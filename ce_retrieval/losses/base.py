@@ -109,6 +109,9 @@ class RetrievalLoss(tf.keras.losses.Loss):
             )
         return super().__call__(y_true, y_pred)
 
+    # No tensor-dependent Python control flow here or in ``compute``: skipping autograph's conversion saves most
+    # of a loss's trace time.
+    @tf.autograph.experimental.do_not_convert
     def call(self, y_true, y_pred):
         relevance, scores = validate_similarity_inputs(y_true, y_pred, self.name)
         value = self.compute(relevance, scores)
