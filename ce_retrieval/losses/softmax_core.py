@@ -74,23 +74,27 @@ def negative_log_partition(logits, negatives, cross_example: bool, negative_frac
     peak = tf.stop_gradient(tf.where(nonempty, peak, 0.0))
     exp = tf.exp(masked - peak)  # 0 outside the negative set, <= 1 inside
     if negative_fraction is not None or top_k is not None:
-        exp = exp * _top_k_weights(logits, negatives, axis, negative_fraction, top_k)
+        exp = exp * _top_k_weights(masked, negatives, axis, negative_fraction, top_k)
     total = tf.reduce_sum(exp, axis=axis, keepdims=True)
     return tf.where(nonempty, peak + tf.math.log(tf.where(nonempty, total, 1.0)), _NEG_INF)
 
 
-def _top_k_weights(logits, negatives, axis, negative_fraction, top_k):
-    """1 for negatives above the k-th largest t, (k - #{> t}) / #{== t} for those equal to t, else 0."""
+def _top_k_weights(masked, negatives, axis, negative_fraction, top_k):
+    """Weights of the top-k negatives: 1 above the k-th largest t, (k - #{> t}) / #{== t} at t, else 0.
+
+    ``masked`` holds the logits of the negatives and -inf elsewhere; since k <= n, the k-th largest of
+    ``masked`` is the k-th largest negative and the -inf fillers never reach the top k.
+    """
     count = tf.reduce_sum(tf.cast(negatives, tf.int32), axis=axis, keepdims=True)  # [N, 1] or [1, 1]
     k = tf.minimum(mining_k(count, negative_fraction, top_k), count)
     selection_k = tf.reshape(k, []) if axis is None else k[:, 0]
-    selected = select_kth_largest(tf.stop_gradient(logits), selection_k, mask=negatives, axis=axis)
+    selected = select_kth_largest(tf.stop_gradient(masked), selection_k, axis=axis)
     shape = tf.shape(k)
     threshold = tf.reshape(selected.value, shape)
     greater = tf.reshape(selected.num_greater, shape)
     equal = tf.reshape(selected.num_equal, shape)
     tie_weight = tf.cast(k - greater, tf.float32) / tf.cast(tf.maximum(equal, 1), tf.float32)
-    return tf.where(logits > threshold, 1.0, tf.where(logits == threshold, tie_weight, 0.0))
+    return tf.where(masked > threshold, 1.0, tf.where(masked == threshold, tie_weight, 0.0))
 
 
 def softmax_pair_loss(positive_logits, log_partition, relevance):
