@@ -5,11 +5,12 @@ embeddings of dimension d, ``loss(R, S)`` with ``R = I`` (the paper's setting), 
 respect to Q and D. It runs in three modes: ``eager`` (op by op), ``function`` (``tf.function``, TF graph)
 and ``xla`` (``tf.function(jit_compile=True)``). Time is the median of ``--repeats`` steps after one warm-up
 (which also compiles); the losses of one (mode, N) are timed in interleaved rounds so that load drift
-hits all of them alike. Memory is the peak resident set size (RSS, sampled every millisecond from
-/proc/self/statm) during the timed steps minus the RSS just before them: it counts what the step allocates
-beyond what the process already holds, so it is approximate (allocator caching makes later cases look
-cheaper) and only comparable within a mode and size. On a shared machine timings are noisy: compare the
-same-run ratios, not absolute seconds.
+hits all of them alike. With ``--memory``, each case also runs once in a
+fresh subprocess that reports its peak resident set size (``ru_maxrss``) minus the RSS just before the
+first step (inputs already built): the host memory the traced/compiled step needs, including
+TensorFlow's temporaries and, for tf.function/XLA, the compiled program. A fresh process per case
+avoids allocator caching between cases. On a shared machine timings are noisy: compare the same-run
+ratios, not absolute seconds.
 
 Every loss of ``ce_retrieval.losses.available()`` is included, so losses added later appear
 automatically. Constructor arguments and size limits come from ``LOSS_SETTINGS`` below or from a class
@@ -22,9 +23,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
+import subprocess
 import sys
-import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -47,32 +49,6 @@ _PAGE = os.sysconf("SC_PAGE_SIZE")
 def _rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * _PAGE
-
-
-class _PeakRss:
-    """Context manager sampling RSS in a thread; ``.peak_growth`` is bytes above the RSS at entry."""
-
-    def __init__(self, interval: float = 0.001):
-        self.interval = interval
-
-    def __enter__(self):
-        self.start = _rss_bytes()
-        self.peak = self.start
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-        self._thread.start()
-        return self
-
-    def _watch(self):
-        while not self._stop.is_set():
-            self.peak = max(self.peak, _rss_bytes())
-            time.sleep(self.interval)
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, _rss_bytes())
-        self.peak_growth = self.peak - self.start
 
 
 def settings_for(name: str) -> dict:
@@ -129,15 +105,34 @@ def measure_interleaved(names, n: int, dim: int, mode: str, repeats: int, seed: 
             results[name] = {"times": [], "peak": 0, "value": None}
     for _ in range(repeats):
         for name, run in runs.items():
-            with _PeakRss() as rss:
-                start = time.perf_counter()
-                results[name]["value"] = run()
-                results[name]["times"].append(time.perf_counter() - start)
-            results[name]["peak"] = max(results[name]["peak"], rss.peak_growth)
+            start = time.perf_counter()
+            results[name]["value"] = run()
+            results[name]["times"].append(time.perf_counter() - start)
     for name in runs:
         r = results[name]
-        results[name] = {"seconds": statistics.median(r["times"]), "peak_mib": r["peak"] / 2**20, "value": r["value"]}
+        results[name] = {"seconds": statistics.median(r["times"]), "value": r["value"]}
     return results
+
+
+def child_peak_memory(name: str, n: int, dim: int, mode: str, seed: int) -> float:
+    """Run in a fresh process: peak RSS (MiB) of two steps above the RSS after the inputs are built."""
+    loss = losses.get(name, **settings_for(name).get("kwargs", {}))
+    gen = tf.random.Generator.from_seed(seed)
+    queries, relevance = gen.normal([n, dim]), tf.eye(n)
+    documents = queries + 0.5 * gen.normal([n, dim])
+    step = make_step(loss, mode)
+    before = _rss_bytes()
+    for _ in range(2):
+        _ = [g.numpy() for g in step(queries, documents, relevance)[1]]
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    return max(peak - before, 0) / 2**20
+
+
+def peak_memory(name: str, n: int, dim: int, mode: str, seed: int) -> str:
+    command = [sys.executable, os.path.abspath(__file__), "--child-memory", name, str(n), str(dim), mode, str(seed)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("PEAK_MIB ")]
+    return f"{float(lines[-1].split()[1]):.0f}" if lines else "error"
 
 
 def main(argv=None) -> int:
@@ -148,7 +143,13 @@ def main(argv=None) -> int:
     parser.add_argument("--losses", nargs="+", default=None, help="subset of losses (default: all registered)")
     parser.add_argument("--repeats", type=int, default=3, help="timed steps per case (median reported)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--memory", action="store_true", help="also measure peak RSS per case in a subprocess")
+    parser.add_argument("--child-memory", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.child_memory:
+        name, n, dim, mode, seed = args.child_memory
+        print(f"PEAK_MIB {child_peak_memory(name, int(n), int(dim), mode, int(seed))}")
+        return 0
 
     names = args.losses or losses.available()
     unknown = sorted(set(names) - set(losses.available()))
@@ -157,7 +158,7 @@ def main(argv=None) -> int:
     names = [BASELINE] + [n for n in names if n != BASELINE]
 
     print(f"# forward+backward per step, d={args.dim}, R=I, median of {args.repeats}; ratio = time / {BASELINE} time")
-    print("# peak = RSS growth during the timed steps (MiB, approximate); machine load adds noise\n")
+    print("# peak MiB = peak RSS of a fresh process above its RSS before the first step (--memory); '-' = not measured\n")
     print("| loss | mode | N | seconds | ratio | peak MiB |")
     print("|---|---|---:|---:|---:|---:|")
     for mode in args.modes:
@@ -170,10 +171,8 @@ def main(argv=None) -> int:
                     print(f"| {name} | {mode} | {n} | skipped: {result['skipped']} | | |")
                     continue
                 ratio = result["seconds"] / base if base else float("nan")
-                print(
-                    f"| {name} | {mode} | {n} | {result['seconds']:.4f} | {ratio:.2f} | {result['peak_mib']:.0f} |",
-                    flush=True,
-                )
+                memory = peak_memory(name, n, args.dim, mode, args.seed) if args.memory else "-"
+                print(f"| {name} | {mode} | {n} | {result['seconds']:.4f} | {ratio:.2f} | {memory} |", flush=True)
     return 0
 
 
