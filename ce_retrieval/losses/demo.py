@@ -103,7 +103,7 @@ def train_and_evaluate(loss, config: DemoConfig | None = None, **overrides) -> d
         data.training_batches(config.steps, np.random.default_rng(config.seed + 2)),
         epochs=1,
         verbose=0,
-        callbacks=[AnnealingStepCallback()],
+        callbacks=[AnnealingStepCallback(loss)] if isinstance(getattr(loss, "step", None), tf.Variable) else [],
     )
     after = recall_at_1(tower, data, np.random.default_rng(config.seed + 1))
     return {
