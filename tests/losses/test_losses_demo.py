@@ -1,6 +1,7 @@
 """Behaviour: every loss of the softmax family trains the demo embedding (recall@1 rises well above chance),
 and the ``ce-retrieval losses`` command runs it."""
 import pytest
+import tensorflow as tf
 
 from ce_retrieval import cli
 from ce_retrieval.losses.demo import DemoConfig, train_and_evaluate
@@ -25,6 +26,13 @@ def test_training_improves_recall_at_1(name):
     assert result["recall_at_1_before"] < 0.15
     assert result["recall_at_1_after"] >= 0.25
     assert result["recall_at_1_after"] >= result["recall_at_1_before"] + 0.15
+
+
+@pytest.mark.slow
+def test_training_under_mixed_precision():
+    tf.keras.mixed_precision.set_global_policy("mixed_float16")  # S arrives as float16; the loss computes float32
+    result = train_and_evaluate("CrossExampleNegativeMining", DemoConfig(steps=40, batch_size=32, learning_rate=1e-2))
+    assert result["recall_at_1_after"] >= 0.25 and result["final_loss"] == result["final_loss"]  # not NaN
 
 
 def test_cli_runs_and_rejects_unknown_losses(capsys):
