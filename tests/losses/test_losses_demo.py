@@ -21,18 +21,14 @@ FAMILY = [
 @pytest.mark.slow
 @pytest.mark.parametrize("name", FAMILY)
 def test_training_improves_recall_at_1(name):
+    if name == "CrossExampleNegativeMining":
+        # Mixed precision end to end: S arrives as float16, the loss computes in float32.
+        tf.keras.mixed_precision.set_global_policy("mixed_float16")
     config = DemoConfig(steps=40, batch_size=32, learning_rate=1e-2, seed=0)  # chance = 1/16
     result = train_and_evaluate(name, config)
     assert result["recall_at_1_before"] < 0.15
     assert result["recall_at_1_after"] >= 0.25
     assert result["recall_at_1_after"] >= result["recall_at_1_before"] + 0.15
-
-
-@pytest.mark.slow
-def test_training_under_mixed_precision():
-    tf.keras.mixed_precision.set_global_policy("mixed_float16")  # S arrives as float16; the loss computes float32
-    result = train_and_evaluate("CrossExampleNegativeMining", DemoConfig(steps=40, batch_size=32, learning_rate=1e-2))
-    assert result["recall_at_1_after"] >= 0.25 and result["final_loss"] == result["final_loss"]  # not NaN
 
 
 def test_cli_runs_and_rejects_unknown_losses(capsys):
