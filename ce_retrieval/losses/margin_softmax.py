@@ -37,6 +37,7 @@ stopped, and evaluation batches never advance it. Custom training loops call
 from __future__ import annotations
 
 import math
+import warnings
 
 import tensorflow as tf
 
@@ -250,6 +251,12 @@ class AnnealingStepCallback(tf.keras.callbacks.Callback):
             loss.step.assign(tf.cast(iterations, loss.step.dtype))
 
     def on_train_begin(self, logs=None):
+        if not self._targets():
+            warnings.warn(
+                "AnnealingStepCallback: the compiled model has no loss with a `step` variable (was the loss "
+                "given by name?); pass the loss instance: AnnealingStepCallback(loss)",
+                stacklevel=2,
+            )
         self._sync()
 
     def on_train_batch_begin(self, batch, logs=None):

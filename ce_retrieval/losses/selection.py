@@ -49,10 +49,14 @@ class KthLargest(NamedTuple):
 
 
 def ordered_int32_key(values: tf.Tensor) -> tf.Tensor:
-    """int32 keys with ``key(a) < key(b)`` iff ``a < b`` for non-NaN float32 (sign-magnitude to two's complement)."""
+    """int32 keys with ``key(a) < key(b)`` iff ``a < b`` for non-NaN float32 (sign-magnitude to two's complement).
+
+    ``key = ((bits & 0x7fffffff) ^ m) - m`` with ``m = bits >> 31`` (0 or -1): the magnitude, negated for
+    negative floats; integer arithmetic only (no select, which is slow for int32 on CPU).
+    """
     bits = tf.bitcast(tf.cast(values, tf.float32), tf.int32)
-    magnitude = tf.bitwise.bitwise_and(bits, _MAGNITUDE)
-    return tf.where(bits < 0, -magnitude, magnitude)
+    sign = tf.bitwise.right_shift(bits, 31)
+    return tf.bitwise.bitwise_xor(tf.bitwise.bitwise_and(bits, _MAGNITUDE), sign) - sign
 
 
 def key_to_float32(key: tf.Tensor) -> tf.Tensor:
@@ -102,37 +106,38 @@ def select_kth_largest(values, k, mask=None, axis=None, passes=None) -> KthLarge
         if values.shape.is_fully_defined() and mask.shape.is_fully_defined() and mask.shape != values.shape:
             raise ValueError(f"kth_largest: mask shape {mask.shape} does not match values shape {values.shape}")
     passes = tuple(passes) if passes is not None else (GLOBAL_PASSES if axis is None else ROW_PASSES)
-    if sum(passes) != 32 or any(b < 1 or b > 24 for b in passes):
-        raise ValueError(f"kth_largest: passes must be digit widths in [1, 24] summing to 32, got {passes}")
+    if sum(passes) != 32 or passes[0] < 8 or any(b < 1 or b > 24 for b in passes):
+        raise ValueError(
+            f"kth_largest: passes must be digit widths in [1, 24] summing to 32, the first >= 8; got {passes}"
+        )
 
     values = tf.stop_gradient(tf.cast(values, tf.float32))
-    key = ordered_int32_key(values)
     if mask is not None:
-        # Masked-out entries get INT32_MIN: they fall into the lowest bin of the first pass, below every
-        # real key (real keys are >= -0x7f800000), and never match a later prefix.
-        key = tf.where(mask, key, tf.constant(_INT32_MIN, tf.int32))
+        # Masked-out entries become -inf: at or below every real value. k is clipped to the masked-in count
+        # n, so they only matter when the k-th largest is -inf itself, handled by the count fix below.
+        values = tf.where(mask, values, float("-inf"))
+    key = ordered_int32_key(values)
 
     if axis is None:
-        flat = tf.reshape(key, [1, -1])
-        count = (
-            tf.size(key, out_type=tf.int32)
-            if mask is None
-            else tf.reduce_sum(tf.cast(tf.reshape(mask, [-1]), tf.int32))
-        )
+        rows = tf.reshape(key, [1, -1])
+        count = tf.size(key, out_type=tf.int32) if mask is None else tf.reduce_sum(tf.cast(mask, tf.int32))
+        count = tf.reshape(count, [1])
         k = tf.reshape(tf.cast(k, tf.int32), [1])
-        result = _radix_select(flat, k, tf.reshape(count, [1]), passes, per_row=False)
-        return KthLargest(*(tf.reshape(r, []) for r in result))
-
-    lead = tf.shape(key)[:-1]
-    width = tf.shape(key)[-1]
-    rows = tf.reshape(key, [-1, width])
-    if mask is None:
-        count = tf.fill(tf.shape(rows)[:1], width)
+        lead = tf.constant([], tf.int32)
     else:
-        count = tf.reduce_sum(tf.cast(tf.reshape(mask, [-1, width]), tf.int32), axis=-1)
-    k = tf.reshape(tf.broadcast_to(tf.cast(k, tf.int32), lead), [-1])
-    result = _radix_select(rows, k, count, passes, per_row=True)
-    return KthLargest(*(tf.reshape(r, lead) for r in result))
+        lead = tf.shape(key)[:-1]
+        width = tf.shape(key)[-1]
+        rows = tf.reshape(key, [-1, width])
+        if mask is None:
+            count = tf.fill(tf.shape(rows)[:1], width)
+        else:
+            count = tf.reduce_sum(tf.cast(tf.reshape(mask, [-1, width]), tf.int32), axis=-1)
+        k = tf.reshape(tf.broadcast_to(tf.cast(k, tf.int32), lead), [-1])
+    value, greater, equal = _radix_select(rows, k, count, passes, per_row=axis is not None)
+    if mask is not None:
+        # A -inf threshold ties with the masked-out fillers: count the masked-in ties as n - greater.
+        equal = tf.where(value == float("-inf"), count - greater, equal)
+    return KthLargest(tf.reshape(value, lead), tf.reshape(greater, lead), tf.reshape(equal, lead))
 
 
 def _histogram(digits: tf.Tensor, size: int, per_row: bool) -> tf.Tensor:
@@ -145,39 +150,60 @@ def _histogram(digits: tf.Tensor, size: int, per_row: bool) -> tf.Tensor:
 
 
 def _radix_select(key, k, count, passes, per_row: bool):
-    """Radix selection on ``key [R, M]`` (masked-out = INT32_MIN), ``k, count [R]``; returns value, greater, equal."""
+    """Radix selection on ``key [R, M]``, ``k, count [R]``; returns value, #greater, #equal (each ``[R]``)."""
     remaining = tf.clip_by_value(k, 1, tf.maximum(count, 1))  # rank of the target among the candidates
     greater = tf.zeros_like(remaining)
     prefix = None
     shift = 32
-    chosen_count = None
+    in_bin = None
     for level, bits in enumerate(passes):
         shift -= bits
         size = 2**bits
-        shifted = tf.bitwise.right_shift(key, shift) if shift else key
         if level == 0:
             # key >> shift lies in [-2^(bits-1), 2^(bits-1)); offset it to a bin index in [0, 2^bits).
-            digits = shifted + size // 2
+            digits = tf.bitwise.right_shift(key, shift) + size // 2
         else:
-            # Entries whose higher digits equal the prefix get shifted - prefix*size in [0, size); the others
-            # fall outside, and the unsigned minimum sends negatives (and large values) to the dropped bin.
-            offset = shifted - (prefix * size)[:, None]
-            digits = tf.bitcast(tf.minimum(tf.bitcast(offset, tf.uint32), tf.constant(size, tf.uint32)), tf.int32)
+            # key - prefix * 2^(shift+bits) is in [0, 2^(shift+bits)) exactly for entries whose higher digits
+            # equal the prefix. Read as uint32 and shifted, those give their digit in [0, size); every other
+            # entry (below: wraps to >= 2^24 > 2^(shift+bits) since |key| < 2^31 - 2^23; above: too large)
+            # lands at >= size, which the histogram drops.
+            base = (prefix * size) * (2**shift)
+            offset = tf.bitcast(key - base[:, None], tf.uint32)
+            if shift:  # < 2^(32 - shift) <= 2^31: a valid non-negative int32
+                digits = tf.bitcast(tf.bitwise.right_shift(offset, tf.constant(shift, tf.uint32)), tf.int32)
+            else:
+                digits = tf.bitcast(tf.minimum(offset, tf.constant(size, tf.uint32)), tf.int32)
         hist = _histogram(digits, size, per_row)  # [R, size]
-        at_or_above = tf.cumsum(hist, axis=-1, reverse=True)
-        # Highest bin whose count of entries at or above it reaches the remaining rank.
-        digit = tf.reduce_sum(tf.cast(at_or_above >= remaining[:, None], tf.int32), axis=-1) - 1
-        digit = tf.maximum(digit, 0)
-        in_bin = tf.gather(hist, digit, batch_dims=1)
-        above = tf.gather(at_or_above, digit, batch_dims=1) - in_bin
+        digit, above, in_bin = _find_bin(hist, remaining)
         greater += above
         remaining -= above
-        chosen_count = in_bin
         prefix = digit - size // 2 if level == 0 else prefix * size + digit
     nonempty = count > 0
     value = tf.where(nonempty, key_to_float32(prefix), tf.constant(-float("inf"), tf.float32))
     zero = tf.zeros_like(greater)
-    return value, tf.where(nonempty, greater, zero), tf.where(nonempty, chosen_count, zero)
+    return value, tf.where(nonempty, greater, zero), tf.where(nonempty, in_bin, zero)
+
+
+def _find_bin(hist, remaining, block: int = 32):
+    """Per row: the highest bin d with #{entries in bins >= d} >= remaining; returns (d, #{bins > d}, hist[d]).
+
+    Two-level scan (block totals, then within the chosen block) instead of a cumsum over all bins, which is
+    slow on CPU for wide rows.
+    """
+    rows, size = tf.shape(hist)[0], hist.shape[-1]
+    block = min(block, size)
+    blocks = tf.reduce_sum(tf.reshape(hist, [rows, size // block, block]), axis=-1)
+    digit_b, above_b, _ = _scan_bins(blocks, remaining)
+    within = tf.gather(tf.reshape(hist, [rows, size // block, block]), digit_b, batch_dims=1)
+    digit_w, above_w, in_bin = _scan_bins(within, remaining - above_b)
+    return digit_b * block + digit_w, above_b + above_w, in_bin
+
+
+def _scan_bins(hist, remaining):
+    at_or_above = tf.cumsum(hist, axis=-1, reverse=True)
+    digit = tf.maximum(tf.reduce_sum(tf.cast(at_or_above >= remaining[:, None], tf.int32), axis=-1) - 1, 0)
+    in_bin = tf.gather(hist, digit, batch_dims=1)
+    return digit, tf.gather(at_or_above, digit, batch_dims=1) - in_bin, in_bin
 
 
 __all__ = ["KthLargest", "kth_largest", "select_kth_largest", "ordered_int32_key", "key_to_float32"]

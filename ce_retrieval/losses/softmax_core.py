@@ -69,28 +69,39 @@ def negative_log_partition(logits, negatives, cross_example: bool, negative_frac
     """
     axis = None if cross_example else -1
     masked = tf.where(negatives, logits, _NEG_INF)
-    peak = tf.reduce_max(masked, axis=axis, keepdims=True)
+    peak = _reduce(tf.reduce_max, masked, cross_example)
     nonempty = peak > _NEG_INF
     peak = tf.stop_gradient(tf.where(nonempty, peak, 0.0))
     exp = tf.exp(masked - peak)  # 0 outside the negative set, <= 1 inside
     if negative_fraction is not None or top_k is not None:
-        exp = exp * _top_k_weights(logits, negatives, axis, negative_fraction, top_k)
-    total = tf.reduce_sum(exp, axis=axis, keepdims=True)
+        exp = exp * _top_k_weights(masked, negatives, axis, negative_fraction, top_k)
+    total = _reduce(tf.reduce_sum, exp, cross_example)
     return tf.where(nonempty, peak + tf.math.log(tf.where(nonempty, total, 1.0)), _NEG_INF)
 
 
-def _top_k_weights(logits, negatives, axis, negative_fraction, top_k):
-    """1 for negatives above the k-th largest t, (k - #{> t}) / #{== t} for those equal to t, else 0."""
-    count = tf.reduce_sum(tf.cast(negatives, tf.int32), axis=axis, keepdims=True)  # [N, 1] or [1, 1]
+def _reduce(reduce_fn, x, whole_batch: bool):
+    """Row reduction ``[N, 1]``, or for the whole batch ``[1, 1]`` as rows then column: XLA on CPU runs a
+    reduction to a scalar on one thread but parallelises the per-row one."""
+    rows = reduce_fn(x, axis=-1, keepdims=True)
+    return reduce_fn(rows, axis=0, keepdims=True) if whole_batch else rows
+
+
+def _top_k_weights(masked, negatives, axis, negative_fraction, top_k):
+    """Weights of the top-k negatives: 1 above the k-th largest t, (k - #{> t}) / #{== t} at t, else 0.
+
+    ``masked`` holds the logits of the negatives and -inf elsewhere; since k <= n, the k-th largest of
+    ``masked`` is the k-th largest negative and the -inf fillers never reach the top k.
+    """
+    count = _reduce(tf.reduce_sum, tf.cast(negatives, tf.int32), axis is None)  # [N, 1] or [1, 1]
     k = tf.minimum(mining_k(count, negative_fraction, top_k), count)
     selection_k = tf.reshape(k, []) if axis is None else k[:, 0]
-    selected = select_kth_largest(tf.stop_gradient(logits), selection_k, mask=negatives, axis=axis)
+    selected = select_kth_largest(tf.stop_gradient(masked), selection_k, axis=axis)
     shape = tf.shape(k)
     threshold = tf.reshape(selected.value, shape)
     greater = tf.reshape(selected.num_greater, shape)
     equal = tf.reshape(selected.num_equal, shape)
     tie_weight = tf.cast(k - greater, tf.float32) / tf.cast(tf.maximum(equal, 1), tf.float32)
-    return tf.where(logits > threshold, 1.0, tf.where(logits == threshold, tie_weight, 0.0))
+    return tf.where(masked > threshold, 1.0, tf.where(masked == threshold, tie_weight, 0.0))
 
 
 def softmax_pair_loss(positive_logits, log_partition, relevance):
