@@ -96,6 +96,7 @@ def train(cfg, model_dir: str, extra_callbacks=(), print_fn=print) -> dict:
 
     callbacks = [
         ThroughputLogger(cfg.train.batch_size, print_fn=print_fn if distribute.is_chief() else None),
+        *_loss_callbacks(model),
         *_evaluation_callbacks(cfg, out_dir),
         *extra_callbacks,
         tf.keras.callbacks.BackupAndRestore(
@@ -136,6 +137,16 @@ def train(cfg, model_dir: str, extra_callbacks=(), print_fn=print) -> dict:
     else:
         shutil.rmtree(out_dir, ignore_errors=True)
     return summary
+
+
+def _loss_callbacks(model) -> list:
+    """Losses with a training-step schedule (A-Softmax's annealed lambda) follow ``optimizer.iterations``."""
+    loss = getattr(model, "retrieval_loss", None)
+    if isinstance(getattr(loss, "step", None), tf.Variable):
+        from ce_retrieval.losses.margin_softmax import AnnealingStepCallback
+
+        return [AnnealingStepCallback(loss)]
+    return []
 
 
 def _vocab_into(cfg, out_dir: str) -> str:
