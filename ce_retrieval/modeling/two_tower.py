@@ -18,7 +18,9 @@ device (tested). Mixed precision: under ``mixed_float16`` both optimizers are wr
 ``mixed_bfloat16`` needs no scaling. Embeddings, similarities and the loss are float32 throughout.
 
 Inputs are raw strings: tokenisation, decoding and augmentation run before the numeric part of the step, which
-can be compiled with XLA (``compile(jit_compile=True)``; string ops cannot be). ``text_encoder`` and
+can be compiled with XLA (``compile(jit_compile=True)``; string ops cannot be). XLA is tested on one replica
+(gradients equal the graph step's); under a multi-replica strategy it needs XLA support for ``all_gather`` on
+the device (GPU/TPU), which is not tested here. ``text_encoder`` and
 ``image_encoder`` (strings -> unit embeddings, no augmentation) share all weights with the towers and are what
 evaluation and serving use.
 """

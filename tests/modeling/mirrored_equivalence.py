@@ -18,7 +18,7 @@ import ce_retrieval  # noqa: E402,F401
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 
-from conftest import VOCAB, SoftmaxTestLoss, make_batch, tiny_config  # noqa: E402
+from modeling_fixtures import VOCAB, SoftmaxTestLoss, make_batch, tiny_config  # noqa: E402
 
 from ce_retrieval.modeling import build_two_tower, cosine_similarity, gather_from_replicas  # noqa: E402
 

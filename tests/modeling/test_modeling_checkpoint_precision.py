@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import SoftmaxTestLoss, make_batch, tiny_config
+from modeling_fixtures import SoftmaxTestLoss, make_batch, tiny_config
 
 from ce_retrieval.modeling import OptimizerConfig, build_optimizers, build_two_tower
 

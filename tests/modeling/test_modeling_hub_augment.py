@@ -6,7 +6,7 @@ import shutil
 
 import numpy as np
 import tensorflow as tf
-from conftest import make_batch, make_images, tiny_config
+from modeling_fixtures import make_batch, make_images, tiny_config
 
 from ce_retrieval.modeling import ImageAugmentation, TextTowerConfig, build_text_tower, build_two_tower
 from ce_retrieval.modeling.image_tower import build_backbone

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_text as tf_text
-from conftest import VOCAB, make_batch, make_images, tiny_config
+from modeling_fixtures import VOCAB, make_batch, make_images, tiny_config
 
 from ce_retrieval.modeling import build_two_tower
 
