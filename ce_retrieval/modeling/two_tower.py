@@ -138,7 +138,10 @@ class TwoTowerModel(tf.keras.Model):
         self.text_optimizer = text_optimizer
         self.image_optimizer = image_optimizer
         self._core_jit = bool(jit_compile)
-        self._compute_gradients_jit = tf.function(self._compute_gradients, jit_compile=True) if jit_compile else None
+        # autograph=False: the numeric step has no tensor-dependent Python control flow to convert.
+        self._compute_gradients_jit = (
+            tf.function(self._compute_gradients, jit_compile=True, autograph=False) if jit_compile else None
+        )
         # Keras's own optimizer slot holds the text optimizer (its iterations are the step counter callbacks
         # and TensorBoard read); the image optimizer is tracked as an attribute, so checkpoints hold both.
         super().compile(optimizer=text_optimizer, loss=None, jit_compile=False, **kwargs)
@@ -233,7 +236,7 @@ class TwoTowerModel(tf.keras.Model):
     def _compute_gradients(self, text_inputs, pixels, ids):
         text_vars, image_vars = self.text_variables, self.image_variables
         with tf.GradientTape(persistent=self._loss_scaling) as tape:
-            loss, cosine, relevance = self._global_loss(text_inputs, pixels, ids, training=True)
+            loss, cosine, relevance = self._global_loss(text_inputs, pixels, ids, True)
             if self._loss_scaling:
                 scaled_text = self.text_optimizer.get_scaled_loss(loss)
                 scaled_image = self.image_optimizer.get_scaled_loss(loss)
@@ -260,7 +263,7 @@ class TwoTowerModel(tf.keras.Model):
         if self.retrieval_loss is None:
             raise RuntimeError("TwoTowerModel: call compile(...) before evaluate()")
         text_inputs, pixels, ids = self._prepare(data, augment=False)
-        loss, cosine, relevance = self._global_loss(text_inputs, pixels, ids, training=False)
+        loss, cosine, relevance = self._global_loss(text_inputs, pixels, ids, False)
         return self._update_metrics(loss, cosine, relevance)
 
     def predict_step(self, data):

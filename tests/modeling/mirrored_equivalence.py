@@ -23,7 +23,7 @@ from modeling_fixtures import VOCAB, SoftmaxTestLoss, make_batch, tiny_config  #
 from ce_retrieval.modeling import build_two_tower, cosine_similarity, gather_from_replicas  # noqa: E402
 
 
-def build(strategy, vocab, batchnorm):
+def build(strategy, vocab, batchnorm, run_eagerly=False):
     with strategy.scope():
         cfg = tiny_config()
         cfg.image.batchnorm = batchnorm
@@ -33,6 +33,7 @@ def build(strategy, vocab, batchnorm):
             loss=SoftmaxTestLoss(),
             text_optimizer=tf.keras.optimizers.SGD(0.05),
             image_optimizer=tf.keras.optimizers.SGD(0.05),
+            run_eagerly=run_eagerly,
         )
     return model
 
@@ -48,7 +49,7 @@ def main(workdir, batchnorm):
         f.write("\n".join(VOCAB) + "\n")
     mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     assert mirrored.num_replicas_in_sync == 2
-    single = build(tf.distribute.get_strategy(), vocab, batchnorm)
+    single = build(tf.distribute.get_strategy(), vocab, batchnorm, run_eagerly=True)  # reference: no tracing
     multi = build(mirrored, vocab, batchnorm)
     multi.set_weights(single.get_weights())
     batch = make_batch(num_images=6, captions_per_image=(2, 1, 1, 1, 1, 2))  # 8 rows, duplicate ids at 0-1, 6-7

