@@ -80,22 +80,34 @@ def run(args) -> int:
     print(f"[demo] index: {manifest.get('num_items', len(gallery_ids))} images, "
           f"thresholds {manifest.get('thresholds')}, ANN recall@10 {manifest.get('ann_recall_at_10')}")
 
-    _stage(5, "query", "top-k and calibrated-threshold search through the exported artefacts")
-    searcher = Searcher.load(export_dir)
+    _stage(5, "query", "the exported artefacts behind the HTTP retrieval service (POST /search on 127.0.0.1)")
+    import httpx
+
+    from ce_retrieval.serving.service import create_app, serve_in_thread
+
     captions = args.queries or _sample_captions(test, DEFAULT_QUERIES, cfg.data.seed)
     truth = {c: int(i) for c, i in zip(test.captions, test.caption_ids, strict=True)}
-    for text, result in zip(captions, searcher.search(captions, k=5), strict=True):
-        print(f'\n  "{text}"' + (f"  (true image {truth[text]})" if text in truth else ""))
-        for rank, (i, s, p) in enumerate(zip(result.ids, result.scores, result.precision_levels, strict=True), 1):
-            mark = " <- true image" if truth.get(text) == int(i) else ""
-            level = f", precision>={p}" if p is not None else ""
-            print(f"    {rank}. image {int(i):6d}  score {float(s):.3f}{level}{mark}")
-    levels = sorted(searcher.thresholds) if hasattr(searcher, "thresholds") else []
-    if levels:
-        level = float(levels[-1])
-        hits = searcher.search(captions, precision=level)
-        counts = ", ".join(str(len(h.ids)) for h in hits)
-        print(f"\n[demo] threshold search at calibrated precision {level}: hits per query [{counts}]")
+    with serve_in_thread(create_app(export_dir)) as url:
+        print(f"[demo] service up at {url}: GET /healthz -> {httpx.get(url + '/healthz', timeout=30).status_code}")
+        reply = httpx.post(url + "/search", json={"texts": captions, "k": 5}, timeout=120)
+        reply.raise_for_status()
+        for item in reply.json()["results"]:
+            text = item["text"]
+            print(f'\n  "{text}"' + (f"  (true image {truth[text]})" if text in truth else ""))
+            for rank, hit in enumerate(item["hits"], 1):
+                mark = " <- true image" if truth.get(text) == hit["id"] else ""
+                level = f", precision>={hit['precision_level']:g}" if hit.get("precision_level") is not None else ""
+                print(f"    {rank}. image {hit['id']:>10d}  score {hit['score']:.3f}{level}{mark}")
+        thresholds = Searcher.load(export_dir).thresholds
+        levels = sorted(thresholds)
+        if levels:
+            reply = httpx.post(url + "/search", json={"texts": captions, "precision": levels[-1]}, timeout=120)
+            reply.raise_for_status()
+            counts = [r["num_hits"] for r in reply.json()["results"]]
+            print(f"\n[demo] threshold relevancy: every image above the score calibrated for precision {levels[-1]:g} "
+                  f"(tau = {thresholds[levels[-1]]:.3f}): hits per query {counts}")
+        else:
+            print("\n[demo] no precision level was reached on the validation split, so no calibrated threshold exists")
     print(f"\n[demo] done in {time.perf_counter() - t0:.0f} s. Artefacts under {workdir}")
     return 0 if np.isfinite(report["summary"]["pr_auc"]) else 1
 

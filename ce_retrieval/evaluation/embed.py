@@ -6,6 +6,8 @@ bytes) to ``[B, d]`` embeddings; it runs in inference mode (``training=False``) 
 """
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import tensorflow as tf
 
@@ -20,10 +22,7 @@ def embed_strings(encoder, items, batch_size: int = 256) -> np.ndarray:
     if not items:
         raise ValueError("embed_strings: nothing to embed (empty list)")
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)], reduce_retracing=True)
-    def run(batch):
-        return tf.cast(encoder(batch, training=False), tf.float32)
-
+    run = _traced(encoder)
     parts = []
     for start in range(0, len(items), int(batch_size)):
         out = run(tf.constant(items[start : start + int(batch_size)], dtype=tf.string))
@@ -31,6 +30,28 @@ def embed_strings(encoder, items, batch_size: int = 256) -> np.ndarray:
             raise ValueError(f"encoder must return [batch, dim] embeddings, got shape {out.shape}")
         parts.append(out.numpy())
     return np.concatenate(parts, axis=0)
+
+
+_TRACED = weakref.WeakKeyDictionary()
+
+
+def _traced(encoder):
+    """One traced inference function per encoder, reused across calls (a new ``tf.function`` per call would
+    re-trace the whole tower every time the split is embedded, e.g. at every validation epoch)."""
+    try:
+        return _TRACED[encoder]
+    except (KeyError, TypeError):
+        pass
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)], reduce_retracing=True)
+    def run(batch):
+        return tf.cast(encoder(batch, training=False), tf.float32)
+
+    try:
+        _TRACED[encoder] = run
+    except TypeError:  # not weak-referenceable: trace per call
+        pass
+    return run
 
 
 def embed_split(text_encoder, image_encoder, split, batch_size: int = 256):
