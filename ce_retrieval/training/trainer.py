@@ -82,7 +82,7 @@ def train(cfg, model_dir: str, extra_callbacks=(), print_fn=print) -> dict:
     os.makedirs(out_dir, exist_ok=True)
     if distribute.is_chief():
         save_yaml(cfg, os.path.join(model_dir, "config.yaml"))
-    vocab_path = _vocab_into(cfg, out_dir)
+    vocab_path = data.vocab_path_for(cfg.data, out_dir)  # out_dir/vocab.txt (given file copied, or learned)
 
     spe = steps_per_epoch(cfg)
     total_steps = spe * cfg.train.epochs
@@ -147,19 +147,6 @@ def _loss_callbacks(model) -> list:
 
         return [AnnealingStepCallback(loss)]
     return []
-
-
-def _vocab_into(cfg, out_dir: str) -> str:
-    from ce_retrieval import data
-
-    target = os.path.join(out_dir, "vocab.txt")
-    if not os.path.exists(target):
-        source = data.vocab_path_for(cfg.data, out_dir)
-        if os.path.abspath(source) != target:
-            tmp = target + ".tmp"
-            shutil.copyfile(source, tmp)
-            os.replace(tmp, target)
-    return target
 
 
 def _evaluation_callbacks(cfg, out_dir: str) -> list:

@@ -1,14 +1,9 @@
 """Atomic writes: write to a temporary sibling, fsync, then ``os.replace`` (readers see old or new, never half).
-
-``atomic_directory(path)`` does the same for a whole directory: it is built under a hidden temporary name in the
-same parent and renamed into place only when complete; on error the temporary directory is removed and any
-existing ``path`` is untouched.
 """
 from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import tempfile
 
 
@@ -29,21 +24,4 @@ def atomic_write_bytes(path: str, data: bytes) -> None:
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        raise
-
-
-@contextlib.contextmanager
-def atomic_directory(path: str):
-    """Yields a temporary directory that becomes ``path`` on success. ``path`` must not exist yet."""
-    path = os.path.abspath(path)
-    parent = os.path.dirname(path)
-    os.makedirs(parent, exist_ok=True)
-    if os.path.exists(path):
-        raise FileExistsError(f"{path} already exists; refusing to overwrite it")
-    tmp = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(path)}.tmp-")
-    try:
-        yield tmp
-        os.rename(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
         raise
