@@ -373,7 +373,9 @@ def test_gradient_reaches_both_towers(text_rows):
         surrogate = tf.reduce_sum(tf.constant(w, tf.float32) * tf.matmul(x, y, transpose_b=True))
     expected = surrogate_tape.gradient(surrogate, embed.trainable_variables)
     for g, e in zip(grads, expected, strict=True):
-        np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-6)
+        # float32 kernel gradients are sums of O(10) terms: elementwise agreement is relative to that scale
+        # (a -0.0125 entry made of +-10 terms differs at 2e-6 across CPU instruction sets).
+        np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-5 * float(np.abs(e).max()))
 
 
 def test_model_fit_under_xla():
