@@ -5,7 +5,8 @@ computed the same way in the same process (the target: <= 3x, triplet 'all' exce
 
 Each loss gets a ``tf.function`` (optionally ``jit_compile``) computing ``d loss / d S`` for a fixed
 ``S = E E^T`` of L2-normalised random embeddings with K = 2 examples per class (P x K = 1024 x 2); the figure
-is the median wall time over ``repeats`` runs after one warm-up, divided by the baseline's median. Ratios
+is the median wall time over ``repeats`` runs after one warm-up, divided by the baseline's median, the two
+run alternately. Ratios
 from one process are robust to a loaded machine; absolute times are not.
 """
 import argparse
@@ -50,14 +51,17 @@ CONFIGS = {
 }
 
 
-def timed(fn, scores, repeats):
+def timed_against(fn, baseline, scores, repeats):
+    """Median times of ``fn`` and ``baseline``, run alternately (so load drift hits both alike)."""
     fn(scores).numpy()  # trace / compile + warm-up
-    times = []
+    baseline(scores).numpy()
+    times, base_times = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
-        fn(scores).numpy()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
+        for f, out in ((baseline, base_times), (fn, times)):
+            start = time.perf_counter()
+            f(scores).numpy()
+            out.append(time.perf_counter() - start)
+    return float(np.median(times)), float(np.median(base_times))
 
 
 def grad_fn(loss_fn, relevance, xla):
@@ -84,17 +88,14 @@ def main():
     ids = np.arange(args.n) // 2
     relevance = losses.relevance_from_ids(ids, ids, exclude_self=True)
     scores = tf.constant(e @ e.T)
-    base = timed(grad_fn(sampled_softmax, relevance, args.xla), scores, args.repeats)
-    print(f"N={args.n} dim={args.dim} xla={args.xla}  baseline in-batch sampled softmax: {1e3 * base:.1f} ms")
-    print(f"{'loss':42s} {'ms':>9s} {'ratio':>7s}")
+    baseline = grad_fn(sampled_softmax, relevance, args.xla)
+    print(f"N={args.n} dim={args.dim} xla={args.xla}  baseline: in-batch sampled softmax, timed alternately with each loss")
+    print(f"{'loss':42s} {'ms':>9s} {'base ms':>9s} {'ratio':>7s}")
     for name, factory in CONFIGS.items():
         if args.only and not any(key in name for key in args.only.split(",")):
             continue
-        t = timed(grad_fn(factory(), relevance, args.xla), scores, args.repeats)
-        print(f"{name:42s} {1e3 * t:9.1f} {t / base:7.2f}")
-    again = timed(grad_fn(sampled_softmax, relevance, args.xla), scores, args.repeats)
-    print(f"baseline re-measured at the end: {1e3 * again:.1f} ms (drift {again / base:.2f}x)")
-
+        t, base = timed_against(grad_fn(factory(), relevance, args.xla), baseline, scores, args.repeats)
+        print(f"{name:42s} {1e3 * t:9.1f} {1e3 * base:9.1f} {t / base:7.2f}")
 
 if __name__ == "__main__":
     main()

@@ -158,3 +158,58 @@ def require_square(scores: tf.Tensor, owner: str) -> tf.Tensor:
     )
     with tf.control_dependencies([check]):
         return tf.identity(scores)
+
+
+
+def next_positive_columns(positive: tf.Tensor, after: tf.Tensor | None = None) -> tuple[tf.Tensor, tf.Tensor]:
+    """Per row, the first positive column after column ``after[a]`` (the first one at all if ``after`` is None).
+
+    Returns ``(columns int32 [N], valid bool [N])``; ``valid`` is false where the row has no such positive.
+    An arg-max over ``[N, M]`` (a cumulative count would be simpler but ``cumsum`` is 5x dearer on CPU).
+    """
+    positive = tf.cast(positive, tf.bool)
+    if after is not None:
+        positive = positive & (tf.range(tf.shape(positive)[1])[None, :] > after[:, None])
+    columns = tf.argmax(tf.cast(positive, tf.int8), axis=1, output_type=tf.int32)
+    return columns, tf.gather(positive, columns[:, None], batch_dims=1)[:, 0]
+
+
+def over_positive_slots(positive: tf.Tensor, max_slots: int, slot_fn, general_fn):
+    """Sums ``slot_fn(columns, valid)`` over the positive pairs of every row, one slot at a time, when no row
+    has more than ``max_slots`` positive pairs; otherwise returns ``general_fn()``.
+
+    Why: P x K batches (and image-text batches) have a handful of positives per row, so a loss that needs a
+    row-wide computation *per positive pair* (a semi-hard negative, a hinge sum over the negatives, an
+    ``[a, p]`` entry of a matrix product) costs O(K N M) this way instead of a per-row sort (O(N M log M))
+    or an ``[N, N] x [N, N]`` matmul (O(N^3)). Slot ``j`` pairs every row ``a`` with its ``j``-th positive
+    column ``columns[a]`` (``valid[a]`` false if the row has fewer); ``slot_fn`` handles it in O(N M) and
+    returns a tuple of tensors with fixed shapes. Slot ``j`` runs only if some row has more than ``j``
+    positives (a ``tf.cond``), so the cost follows the batch's largest positive count, not the bound.
+    ``general_fn()`` returns the same structure, used when a row exceeds the bound (or ``max_slots`` is 0).
+    Both branches are exact; everything is static-shaped and compiles under XLA.
+    """
+    if max_slots <= 0:
+        return general_fn()
+    positive = tf.cast(positive, tf.bool)
+    most = tf.reduce_max(tf.reduce_sum(tf.cast(positive, tf.int32), axis=1))
+
+    end = tf.shape(positive)[1]
+
+    def by_slots():
+        columns, valid = next_positive_columns(positive)
+        total = slot_fn(columns, valid)  # slot 0: rows without any positive are masked by `valid`
+        cursor = tf.where(valid, columns, end)  # a row out of positives stays out
+        for j in range(1, max_slots):  # a static bound on positives per row, not a loop over batch elements
+
+            def step(cursor=cursor):
+                columns, valid = next_positive_columns(positive, after=cursor)
+                return tf.where(valid, columns, end), slot_fn(columns, valid)
+
+            def skip(cursor=cursor, total=total):
+                return cursor, tf.nest.map_structure(tf.zeros_like, total)
+
+            cursor, part = tf.cond(most > j, step, skip)
+            total = tf.nest.map_structure(tf.add, total, part)
+        return total
+
+    return tf.cond(most <= max_slots, by_slots, general_fn)

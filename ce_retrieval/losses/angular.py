@@ -12,10 +12,14 @@ For a positive pair (a, p) and the negatives n of a (embeddings L2-normalised, `
 negative, so ``S`` must be square (queries and documents are the same items, ``S = E E^T``); the
 two-tower text x image matrix lacks image-image similarities and is refused with a clear error.
 
-Cost: ``sum_n exp(c (S_an + S_pn))`` for all (a, p) is a matrix product ``A B^T`` with
-``A = 1[Neg] * exp(c (S - max_neg))`` and ``B = exp(c (S - max))`` (O(N^3) flops on the matmul unit,
-O(N^2) memory; no [N, N, N] tensor). The shifts keep every factor <= 1; with ``alpha <= 60`` degrees
-(``c = 4 tan^2 alpha <= 12``) no term underflows in float32, hence the bound on ``alpha``.
+Cost: ``sum_n exp(c (S_an + S_pn)) = sum_n A[a, n] B[p, n]`` with ``A = 1[Neg] * exp(c (S - max_neg))``
+and ``B = exp(c (S - max))``, needed only at the positive pairs (a, p). When no row has more than
+``positive_slots`` positives (P x K batches: K - 1), it is taken one positive slot at a time: gather row
+``p`` of ``B`` for every anchor's j-th positive and reduce against ``A`` (O(K N^2) time, O(N^2) memory;
+``_pairs.over_positive_slots``). Otherwise (or ``positive_slots=0``) all entries come from one matrix
+product ``A B^T`` (O(N^3) flops, O(N^2) memory). No [N, N, N] tensor either way. The shifts keep every
+factor <= 1; with ``alpha <= 60`` degrees (``c = 4 tan^2 alpha <= 12``) no term underflows in float32,
+hence the bound on ``alpha``.
 Matches pytorch-metric-learning's ``AngularLoss(alpha)`` (mean over positive pairs).
 """
 from __future__ import annotations
@@ -24,9 +28,14 @@ import math
 
 import tensorflow as tf
 
-from ce_retrieval.losses._pairs import masked_max, masked_mean, pair_masks, require_square
+from ce_retrieval.losses._pairs import (
+    masked_logsumexp,
+    masked_max,
+    over_positive_slots,
+    pair_masks,
+    require_square,
+)
 from ce_retrieval.losses.base import RetrievalLoss
-from ce_retrieval.losses.npair import softmax_per_positive
 from ce_retrieval.losses.registry import register
 
 
@@ -36,10 +45,15 @@ class AngularLoss(RetrievalLoss):
 
     supports_bidirectional = False
 
-    def __init__(self, alpha: float = 40.0, with_npair: bool = False, npair_weight: float = 2.0, **kwargs):
+    def __init__(
+        self, alpha: float = 40.0, with_npair: bool = False, npair_weight: float = 2.0, positive_slots: int = 16, **kwargs
+    ):
         if not 0.0 < alpha <= 60.0:
             raise ValueError(f"AngularLoss: alpha is an angle in degrees in (0, 60], got {alpha}")
+        if positive_slots < 0:
+            raise ValueError(f"AngularLoss: positive_slots must be >= 0, got {positive_slots}")
         super().__init__(**kwargs)
+        self.positive_slots = int(positive_slots)
         self.alpha = float(alpha)
         self.with_npair = bool(with_npair)
         self.npair_weight = float(npair_weight)
@@ -50,23 +64,58 @@ class AngularLoss(RetrievalLoss):
         positive, negative = pair_masks(relevance)
         tan2 = math.tan(math.radians(self.alpha)) ** 2
         c_neg, c_pos = 4.0 * tan2, 2.0 * (1.0 + tan2)
-        shift_a = tf.stop_gradient(tf.maximum(masked_max(scores, negative), -1.0))  # [N, 1]
         shift_p = tf.stop_gradient(tf.reduce_max(scores, axis=1, keepdims=True))
-        a = tf.where(negative, tf.exp(c_neg * (scores - shift_a)), tf.zeros_like(scores))
-        b = tf.exp(c_neg * (scores - shift_p))
-        pair_sum = tf.matmul(a, b, transpose_b=True)  # [a, p] = sum_n A[a, n] B[p, n]
-        has = pair_sum > 0.0
-        log_sum = tf.math.log(tf.where(has, pair_sum, tf.ones_like(pair_sum)))
-        log_sum = log_sum + c_neg * (shift_a + tf.transpose(shift_p))
-        per_pair = tf.where(has, tf.nn.softplus(log_sum - c_pos * scores), tf.zeros_like(scores))
-        value = self.npair_weight * masked_mean(per_pair, positive) if self.with_npair else masked_mean(per_pair, positive)
+
+        def dense():  # every [a, p] at once: one O(N^3) matrix product A B^T (any S: the shifts are exact)
+            shift_a = tf.stop_gradient(tf.maximum(masked_max(scores, negative), -1.0))  # [N, 1]
+            a = tf.where(negative, tf.exp(c_neg * (scores - shift_a)), tf.zeros_like(scores))
+            b = tf.exp(c_neg * (scores - shift_p))
+            pair_sum = tf.matmul(a, b, transpose_b=True)
+            has = pair_sum > 0.0
+            log_sum = tf.math.log(tf.where(has, pair_sum, tf.ones_like(pair_sum))) + c_neg * (
+                shift_a + tf.transpose(shift_p)
+            )
+            per_pair = tf.where(has & positive, tf.nn.softplus(log_sum - c_pos * scores), tf.zeros_like(scores))
+            return tf.reduce_sum(per_pair), npair_sum(scores, positive)
+
+        # Per slot, A[a, n] B[p, n] = exp(v_an + v_pn) on the negatives, with v = c (S - rowmax S) computed once.
+        # The row max bounds every factor by 1; on the unit sphere (|S| <= 1) v >= -2c >= -24, so nothing
+        # underflows in float32.
+        v = c_neg * (scores - shift_p)
+        # N-pair term (with_npair): log(1 + sum_{n in Neg(a)} exp(S_an - S_ap)) = softplus(lse_a - S_ap), summed
+        # at the positive pairs only (NPairLoss's equation, scale 1; lse = NEG for a row without negatives).
+        lse = masked_logsumexp(scores, negative, axis=1)[:, None] if self.with_npair else None
+
+        def npair_sum(s_ap, mask):
+            if lse is None:
+                return tf.zeros([])
+            return tf.reduce_sum(tf.where(mask, tf.nn.softplus(lse - s_ap), tf.zeros_like(s_ap)))
+
+        def slot(columns, valid):  # one positive p per anchor a: sum_n A[a, n] B[p, n] in one O(N M) pass
+            terms = tf.where(negative, tf.exp(v + tf.gather(v, columns)), tf.zeros_like(v))
+            pair_sum = tf.reduce_sum(terms, axis=1, keepdims=True)
+            has = pair_sum > 0.0
+            log_sum = tf.math.log(tf.where(has, pair_sum, tf.ones_like(pair_sum))) + c_neg * (
+                shift_p + tf.gather(shift_p, columns)
+            )
+            s_ap = tf.gather(scores, columns[:, None], batch_dims=1)
+            per_pair = tf.where(has & valid[:, None], tf.nn.softplus(log_sum - c_pos * s_ap), tf.zeros_like(s_ap))
+            return tf.reduce_sum(per_pair), npair_sum(s_ap, valid[:, None])
+
+        total, npair_total = over_positive_slots(positive, self.positive_slots, slot, dense)
+        num_pairs = tf.maximum(tf.reduce_sum(tf.cast(positive, tf.float32)), 1.0)  # means over positive pairs
         if self.with_npair:
-            value = value + softmax_per_positive(relevance, scores)
-        return value
+            return (self.npair_weight * total + npair_total) / num_pairs
+        return total / num_pairs
 
     def get_config(self):
         config = super().get_config()
-        config.update(alpha=self.alpha, with_npair=self.with_npair, npair_weight=self.npair_weight)
+        config.update(
+            alpha=self.alpha,
+            with_npair=self.with_npair,
+            npair_weight=self.npair_weight,
+            positive_slots=self.positive_slots,
+        )
         return config
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from ce_retrieval.losses._pairs import logaddexp, masked_logsumexp, masked_mean, pair_masks
+from ce_retrieval.losses._pairs import masked_logsumexp, masked_mean, pair_masks
 from ce_retrieval.losses.base import RetrievalLoss
 from ce_retrieval.losses.registry import register
 
@@ -31,8 +31,9 @@ def softmax_per_positive(relevance: tf.Tensor, logits: tf.Tensor, axis: int = 1)
     each positive with the negatives of its column instead (the image->text direction, without a transpose)."""
     positive, negative = pair_masks(relevance)
     negatives = tf.expand_dims(masked_logsumexp(logits, negative, axis=axis), axis)
-    log_denominator = logaddexp(logits, negatives)
-    return masked_mean(log_denominator - logits, positive)
+    # log(e^l + e^neg) - l = softplus(neg - l): one stable elementwise pass (a row without negatives has
+    # neg = NEG, giving 0)
+    return masked_mean(tf.nn.softplus(negatives - logits), positive)
 
 
 @register

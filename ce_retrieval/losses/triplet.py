@@ -15,17 +15,20 @@ Which triplets (``mining``, per positive pair (a, p)):
   negatives (= the mean over all valid triplets when every row has as many negatives, e.g. P x K batches);
   ``average_nonzero=True`` divides the sum by the number of *active* triplets (loss > 0) instead, as the
   batch-all loss of Hermans et al. (2017) and pytorch-metric-learning's default ``AvgNonZeroReducer``.
-  Cost: no ``[N, M, M]`` tensor. ``sum_n [t - D_an]_+ = count(D_an < t) * t - sum_{D_an < t} D_an`` with
-  ``t = m + D_ap``; both come from one sorted merge per row of the thresholds with the negative distances
-  and running sums along it (``_pairs.count_below``): O(N M log M) time, O(N M) memory (also under XLA),
-  exact value and gradient.
+  Cost: no ``[N, M, M]`` tensor. When no row has more than ``positive_slots`` positives (P x K batches:
+  K - 1; image-text batches: the captions of an image), the hinge sums are taken one positive slot at a
+  time (``_pairs.over_positive_slots``): O(K N M) time, O(N M) memory. Otherwise
+  ``sum_n [t - D_an]_+ = count(D_an < t) * t - sum_{D_an < t} D_an`` with ``t = m + D_ap``; both come from
+  one sorted merge per row of the thresholds with the negative distances and running sums along it
+  (``_pairs.count_below``): O(N M log M) time, O(N M) memory (also under XLA). Both exact, value and gradient.
 * ``'hard'``: the hardest negative of the row, ``min_n D(a, n)`` — VSE++'s max violation
   (``max_violation=True`` is an alias). With ``bidirectional=True`` and ``distance='cosine'`` this is the
   VSE++ image-text loss (VSE++ sums over the batch; here it is averaged).
 * ``'semi-hard'``: FaceNet's semi-hard negative, the closest negative farther than the positive (falling
-  back to the farthest negative when none is), see ``miners.semi_hard_negative_indices`` (sorts per row,
-  O(N M log M)). With ``positive_mining='hard'`` each row has one positive and it
-  is a masked max/min instead: O(N M).
+  back to the farthest negative when none is), see ``miners.semi_hard_negative_indices``. Per positive
+  slot (as for ``'all'``) it is a masked arg-max per row, O(K N M); beyond ``positive_slots`` positives in
+  a row, the miner's one sort per row, O(N M log M). With ``positive_mining='hard'`` each row has one
+  positive: a masked max/min, O(N M).
 
 ``positive_mining='hard'`` keeps only each anchor's farthest positive (one term per anchor): with
 ``mining='hard'`` it is the batch-hard loss of Hermans et al. and TF-Similarity's ``('hard', 'hard')``,
@@ -44,6 +47,7 @@ from ce_retrieval.losses._pairs import (
     masked_max,
     masked_mean,
     masked_min,
+    over_positive_slots,
     pair_masks,
     row_any,
 )
@@ -66,6 +70,7 @@ class TripletLoss(RetrievalLoss):
         positive_mining: str = "all",
         max_violation: bool = False,
         average_nonzero: bool = False,
+        positive_slots: int = 16,
         **kwargs,
     ):
         if mining not in MINING:
@@ -80,7 +85,10 @@ class TripletLoss(RetrievalLoss):
             raise ValueError("TripletLoss: average_nonzero only applies to mining='all'")
         if margin < 0:
             raise ValueError(f"TripletLoss: margin must be >= 0, got {margin}")
+        if positive_slots < 0:
+            raise ValueError(f"TripletLoss: positive_slots must be >= 0, got {positive_slots}")
         super().__init__(**kwargs)
+        self.positive_slots = int(positive_slots)
         self.margin = float(margin)
         self.mining = mining
         self.distance = check_distance(distance, "TripletLoss")
@@ -102,18 +110,57 @@ class TripletLoss(RetrievalLoss):
             farther = negative & (scores < masked_min(scores, positive))
             semi_hard = tf.where(row_any(farther), masked_min(dist, farther), masked_max(dist, negative))
             return masked_mean(tf.nn.relu(self.margin + dist - semi_hard), kept)
-        if self.mining == "semi-hard":
-            index, _ = miners.semi_hard_negative_indices(relevance, scores)
-            per_pair = tf.nn.relu(self.margin + dist - tf.gather(dist, index, batch_dims=1))
-            return masked_mean(per_pair, kept)
-        threshold = tf.where(kept, self.margin + dist, tf.zeros_like(dist))
-        active, below = count_below(threshold, dist, negative)
-        hinge_sum = active * threshold - below  # sum over the row's negatives of [m + D_ap - D_an]_+
-        if self.average_nonzero:
-            total = tf.reduce_sum(tf.where(kept, hinge_sum, tf.zeros_like(hinge_sum)))
-            return total / tf.maximum(tf.reduce_sum(tf.where(kept, active, tf.zeros_like(active))), 1.0)
+        kept_count = tf.maximum(tf.reduce_sum(tf.cast(kept, tf.float32)), 1.0)
         num_negatives = tf.reduce_sum(tf.cast(negative, tf.float32), axis=1, keepdims=True)
-        return masked_mean(hinge_sum / tf.maximum(num_negatives, 1.0), kept)
+
+        def pair_at(columns, valid):  # one positive per row: (D_ap [N, 1], S_ap [N, 1], kept [N, 1])
+            d_ap = tf.gather(dist, columns[:, None], batch_dims=1)
+            s_ap = tf.gather(scores, columns[:, None], batch_dims=1)
+            return d_ap, s_ap, valid[:, None] & row_any(negative)
+
+        if self.mining == "semi-hard":
+            farthest = tf.gather(dist, tf.argmin(tf.where(negative, scores, tf.fill(tf.shape(scores), float("inf"))),
+                                                 axis=1, output_type=tf.int32)[:, None], batch_dims=1)
+
+            def semi_hard_slot(columns, valid):  # closest negative below S_ap, by a masked arg-max: O(N M)
+                d_ap, s_ap, kept_j = pair_at(columns, valid)
+                farther = negative & (scores < s_ap)
+                nearest = tf.argmax(tf.where(farther, scores, tf.fill(tf.shape(scores), float("-inf"))),
+                                    axis=1, output_type=tf.int32)
+                d_an = tf.where(row_any(farther), tf.gather(dist, nearest[:, None], batch_dims=1), farthest)
+                return (tf.reduce_sum(tf.where(kept_j, tf.nn.relu(self.margin + d_ap - d_an), tf.zeros_like(d_ap))),)
+
+            def semi_hard_sorted():  # the miner's one sort per row, for rows with many positives
+                index, _ = miners.semi_hard_negative_indices(relevance, scores)
+                per_pair = tf.nn.relu(self.margin + dist - tf.gather(dist, index, batch_dims=1))
+                return (tf.reduce_sum(tf.where(kept, per_pair, tf.zeros_like(per_pair))),)
+
+            (total,) = over_positive_slots(positive, self.positive_slots, semi_hard_slot, semi_hard_sorted)
+            return total / kept_count
+
+        def all_slot(columns, valid):  # sum over the row's negatives of [m + D_ap - D_an]_+, per pair: O(N M)
+            d_ap, _, kept_j = pair_at(columns, valid)
+            threshold = self.margin + d_ap
+            hinge_sum = tf.reduce_sum(tf.where(negative, tf.nn.relu(threshold - dist), tf.zeros_like(dist)), 1, True)
+            active = tf.reduce_sum(tf.cast(negative & (dist < threshold), tf.float32), axis=1, keepdims=True)
+            return tuple(
+                tf.reduce_sum(tf.where(kept_j, x, tf.zeros_like(x)))
+                for x in (hinge_sum / tf.maximum(num_negatives, 1.0), hinge_sum, active)
+            )
+
+        def all_sorted():
+            threshold = tf.where(kept, self.margin + dist, tf.zeros_like(dist))
+            active, below = count_below(threshold, dist, negative)
+            hinge_sum = active * threshold - below  # sum over the row's negatives of [m + D_ap - D_an]_+
+            return tuple(
+                tf.reduce_sum(tf.where(kept, x, tf.zeros_like(x)))
+                for x in (hinge_sum / tf.maximum(num_negatives, 1.0), hinge_sum, active)
+            )
+
+        mean_sum, hinge_total, active_total = over_positive_slots(positive, self.positive_slots, all_slot, all_sorted)
+        if self.average_nonzero:
+            return hinge_total / tf.maximum(active_total, 1.0)
+        return mean_sum / kept_count
 
     def get_config(self):
         return {
@@ -123,6 +170,7 @@ class TripletLoss(RetrievalLoss):
             "distance": self.distance,
             "positive_mining": self.positive_mining,
             "average_nonzero": self.average_nonzero,
+            "positive_slots": self.positive_slots,
         }
 
 

@@ -42,6 +42,13 @@ CASES = {
         False,
     ),
     "triplet_semi_hard": (lambda: TripletLoss(mining="semi-hard", margin=0.5), P(ref.triplet, mining="semi-hard", margin=0.5), False),
+    # positive_slots=0: the general paths (per-row sorted merge / miner sort / angular matmul) instead of per-slot
+    "triplet_all_sorted": (lambda: TripletLoss(positive_slots=0), ref.triplet, False),
+    "triplet_semi_hard_sorted": (
+        lambda: TripletLoss(mining="semi-hard", margin=0.5, positive_slots=0),
+        P(ref.triplet, mining="semi-hard", margin=0.5),
+        False,
+    ),
     "triplet_batch_hard": (
         lambda: TripletLoss(mining="hard", positive_mining="hard", distance="euclidean"),
         P(ref.triplet, mining="hard", positive_mining="hard", distance="euclidean"),
@@ -62,6 +69,7 @@ CASES = {
     ),
     "angular": (lambda: AngularLoss(alpha=45.0), P(ref.angular, alpha=45.0), True),
     "angular_npair": (lambda: AngularLoss(with_npair=True), P(ref.angular, with_npair=True), True),
+    "angular_npair_matmul": (lambda: AngularLoss(with_npair=True, positive_slots=0), P(ref.angular, with_npair=True), True),
     "multi_similarity": (lambda: MultiSimilarityLoss(), ref.multi_similarity, False),
     "multi_similarity_no_mining": (lambda: MultiSimilarityLoss(mining=False, lambda_=1.0), P(ref.multi_similarity, mining=False, lam=1.0), False),
     "circle": (lambda: CircleLoss(), ref.circle, False),
@@ -140,7 +148,8 @@ def test_xla_equals_eager_for_every_loss():
     semi-hard miner's argsorts and gathers, the angular matmul with the N-pair log-sum-exps, multi-similarity
     mining. XLA compiles slowly on a shared CPU, so the losses built only from masked means and log-sum-exps
     (binomial, contrastive, circle, lifted, InfoNCE) are left to the eager tests."""
-    names = ["angular_npair", "multi_similarity", "triplet_all", "triplet_semi_hard", "triplet_semi_hard_hardest_positive"]
+    names = ["angular_npair", "angular_npair_matmul", "multi_similarity", "triplet_all", "triplet_all_sorted",
+             "triplet_semi_hard", "triplet_semi_hard_sorted", "triplet_semi_hard_hardest_positive"]
     instances = [CASES[n][0]() for n in names]
     inputs = [batches(CASES[n][2])[0] for n in names]
 
@@ -210,6 +219,75 @@ def test_vse_plus_plus_max_violation_bidirectional():
     np.testing.assert_allclose(float(loss(np.eye(6, dtype=np.float32), s)) * 2 * 6, vsepp_sum, rtol=1e-5)
 
 
+def uneven_batch(seed=12):
+    """S = E E^T whose rows have 0, 1, 2, 3 or 6 positives (and ignored pairs): every slot count, the bound, the
+    fallback."""
+    ids = np.array([0] * 7 + [1] * 4 + [2] * 3 + [3] * 2 + [4, 5, 6])
+    rng = np.random.default_rng(seed)
+    e = rng.normal(size=(ids.size, 5)) + 1.5 * rng.normal(size=(7, 5))[ids]
+    e = (e / np.linalg.norm(e, axis=1, keepdims=True)).astype(np.float32)
+    r = relevance_from_ids(ids, ids, exclude_self=True).numpy()
+    r[1, 8] = r[9, 2] = -1.0  # an ignored pair in a couple of rows
+    return (e @ e.T).astype(np.float32), r
+
+
+@pytest.mark.parametrize(
+    "make, reference",
+    [
+        (lambda k: TripletLoss(positive_slots=k), ref.triplet),
+        (lambda k: TripletLoss(distance="euclidean", average_nonzero=True, positive_slots=k),
+         P(ref.triplet, distance="euclidean", average_nonzero=True)),
+        (lambda k: TripletLoss(mining="semi-hard", distance="cosine", positive_slots=k),
+         P(ref.triplet, mining="semi-hard", distance="cosine")),
+        (lambda k: AngularLoss(positive_slots=k), ref.angular),
+        (lambda k: AngularLoss(with_npair=True, positive_slots=k), P(ref.angular, with_npair=True)),
+    ],
+    ids=["triplet_all", "triplet_all_nonzero", "triplet_semi_hard", "angular", "angular_npair"],
+)
+def test_positive_slots_and_general_path_agree(make, reference):
+    """Per-slot evaluation (rows with <= positive_slots positives), the fallback when a row has more (6 > 3)
+    and the general path (0) give the reference value and the same gradient, eagerly and under XLA."""
+    s, r = uneven_batch()
+    want = reference(s.astype(np.float64), r)
+    runs = {}
+    for k in (0, 3, 6, 16):
+        loss = make(k)
+        runs[k] = [t.numpy() for t in _value_and_grad(loss, r, tf.constant(s))]
+        np.testing.assert_allclose(runs[k][0], want, rtol=2e-5, err_msg=f"positive_slots={k}")
+        np.testing.assert_allclose(runs[k][1], runs[0][1], rtol=1e-4, atol=1e-6, err_msg=f"positive_slots={k}")
+    xla = tf.function(lambda x: _value_and_grad(make(6), r, x), jit_compile=True, autograph=False)(tf.constant(s))
+    np.testing.assert_allclose(xla[0].numpy(), want, rtol=2e-5)
+    np.testing.assert_allclose(xla[1].numpy(), runs[0][1], rtol=1e-4, atol=1e-6)
+
+
+def test_positive_slots_cost_follows_the_largest_positive_count():
+    """Slot j runs only when some row has more than j positives: a batch with one positive per row executes
+    one slot, whatever the bound (counted through a side effect of slot_fn under tf.function)."""
+    from ce_retrieval.losses._pairs import over_positive_slots
+
+    calls = tf.Variable(0)
+
+    def slot(columns, valid):
+        with tf.control_dependencies([calls.assign_add(1)]):
+            return (tf.reduce_sum(tf.cast(valid, tf.float32)),)
+
+    def general():
+        return (tf.constant(-1.0),)
+
+    run = tf.function(lambda p, bound: over_positive_slots(p, bound, slot, general), autograph=False)
+    one_each = tf.constant(np.eye(6, dtype=bool)[np.arange(6) ^ 1])
+    assert float(run(one_each, 16)[0]) == 6.0 and int(calls.numpy()) == 1
+    three = tf.constant(np.r_[np.ones((1, 6), bool), np.zeros((5, 6), bool)])
+    calls.assign(0)
+    assert float(run(three, 16)[0]) == 6.0 and int(calls.numpy()) == 6  # one row with 6 positives: 6 slots
+    calls.assign(0)
+    assert float(run(three, 5)[0]) == -1.0 and int(calls.numpy()) == 0  # over the bound: the general path
+    with pytest.raises(ValueError, match="positive_slots must be >= 0"):
+        TripletLoss(positive_slots=-1)
+    with pytest.raises(ValueError, match="positive_slots must be >= 0"):
+        AngularLoss(positive_slots=-1)
+
+
 def _triplet_value(loss, relevance, scores):
     return loss(relevance, scores)
 
@@ -222,7 +300,7 @@ def test_triplet_all_never_builds_cubic_tensor():
     e /= np.linalg.norm(e, axis=1, keepdims=True)
     ids = np.arange(n) // 4
     r = relevance_from_ids(ids, ids, exclude_self=True)
-    loss = TripletLoss(margin=0.2)
+    loss = TripletLoss(margin=0.2, positive_slots=0)  # the sorted-merge path at the graph's top level
     fn = tf.function(lambda s: loss(r, s), autograph=False).get_concrete_function(tf.TensorSpec([n, n], tf.float32))
     biggest = 0
     for op in fn.graph.get_operations():
@@ -230,7 +308,8 @@ def test_triplet_all_never_builds_cubic_tensor():
             if out.shape.is_fully_defined():
                 biggest = max(biggest, out.shape.num_elements())
     assert biggest <= 8 * n * n, biggest  # O(N M): e.g. the [N, 2M, 2] scatter indices; N^3 would be 32x this
-    # ... nor in XLA's lowering (tf.searchsorted, for one, becomes an [N, M, M] comparison there)
+    # ... nor in XLA's lowering (tf.searchsorted, for one, becomes an [N, M, M] comparison there), which holds
+    # the per-slot branch and the sorted one (tf.cond) in one program
     for mining in ("all", "semi-hard"):
         xla_fn = tf.function(functools.partial(_triplet_value, TripletLoss(mining=mining), r), jit_compile=True)
         hlo = xla_fn.experimental_get_compiler_ir(tf.TensorSpec([n, n], tf.float32))(stage="hlo")
