@@ -1,10 +1,10 @@
 """Forward + backward cost of each pair/triplet loss at N = 2048, as a ratio to an in-batch sampled softmax
 computed the same way in the same process (the target: <= 3x, triplet 'all' excepted).
 
-    .venv/bin/python benchmarks/dml_pairs_check.py [--n 2048] [--dim 128] [--repeats 7] [--xla] [--only Triplet]
+    .venv/bin/python benchmarks/dml_pairs_check.py [--n 2048] [--dim 128] [--per-class 2] [--repeats 7] [--xla] [--only Triplet]
 
 Each loss gets a ``tf.function`` (optionally ``jit_compile``) computing ``d loss / d S`` for a fixed
-``S = E E^T`` of L2-normalised random embeddings with K = 2 examples per class (P x K = 1024 x 2); the figure
+``S = E E^T`` of L2-normalised random embeddings with K examples per class (default K = 2: P x K = 1024 x 2); the figure
 is the median wall time over ``repeats`` runs after one warm-up, divided by the baseline's median, the two
 run alternately. Ratios
 from one process are robust to a loaded machine; absolute times are not.
@@ -79,17 +79,18 @@ def main():
     parser.add_argument("--n", type=int, default=2048)
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--per-class", type=int, default=2, help="K of the P x K batch (K - 1 positives per row)")
     parser.add_argument("--xla", action="store_true", help="jit_compile every function (baseline included)")
     parser.add_argument("--only", default="", help="comma-separated substrings: benchmark matching losses only")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     e = rng.normal(size=(args.n, args.dim)).astype(np.float32)
     e /= np.linalg.norm(e, axis=1, keepdims=True)
-    ids = np.arange(args.n) // 2
+    ids = np.arange(args.n) // args.per_class
     relevance = losses.relevance_from_ids(ids, ids, exclude_self=True)
     scores = tf.constant(e @ e.T)
     baseline = grad_fn(sampled_softmax, relevance, args.xla)
-    print(f"N={args.n} dim={args.dim} xla={args.xla}  baseline: in-batch sampled softmax, timed alternately with each loss")
+    print(f"N={args.n} dim={args.dim} K={args.per_class} xla={args.xla}  baseline: in-batch sampled softmax, timed alternately with each loss")
     print(f"{'loss':42s} {'ms':>9s} {'base ms':>9s} {'ratio':>7s}")
     for name, factory in CONFIGS.items():
         if args.only and not any(key in name for key in args.only.split(",")):

@@ -13,6 +13,8 @@ gradient sees them (no ``inf * 0`` NaNs).
 """
 from __future__ import annotations
 
+import functools
+
 import tensorflow as tf
 
 #: Stand-in for -inf in masked log-sum-exp: finite, so ``softplus(NEG) == 0`` with a zero gradient.
@@ -174,42 +176,76 @@ def next_positive_columns(positive: tf.Tensor, after: tf.Tensor | None = None) -
     return columns, tf.gather(positive, columns[:, None], batch_dims=1)[:, 0]
 
 
-def over_positive_slots(positive: tf.Tensor, max_slots: int, slot_fn, general_fn):
-    """Sums ``slot_fn(columns, valid)`` over the positive pairs of every row, one slot at a time, when no row
-    has more than ``max_slots`` positive pairs; otherwise returns ``general_fn()``.
+
+#: Slot counts compiled for ``over_positive_slots`` (a batch runs the smallest count covering its rows).
+SLOT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def over_positive_slots(scores: tf.Tensor, positive: tf.Tensor, max_slots: int, make_slot, general):
+    """A pair loss summed over every positive pair, one *slot* at a time when no row has more than ``max_slots``
+    positives; ``general(scores)`` otherwise. Returns ``(value, counts)``.
 
     Why: P x K batches (and image-text batches) have a handful of positives per row, so a loss that needs a
     row-wide computation *per positive pair* (a semi-hard negative, a hinge sum over the negatives, an
     ``[a, p]`` entry of a matrix product) costs O(K N M) this way instead of a per-row sort (O(N M log M))
     or an ``[N, N] x [N, N]`` matmul (O(N^3)). Slot ``j`` pairs every row ``a`` with its ``j``-th positive
-    column ``columns[a]`` (``valid[a]`` false if the row has fewer); ``slot_fn`` handles it in O(N M) and
-    returns a tuple of tensors with fixed shapes. Slot ``j`` runs only if some row has more than ``j``
-    positives (a ``tf.cond``), so the cost follows the batch's largest positive count, not the bound.
-    ``general_fn()`` returns the same structure, used when a row exceeds the bound (or ``max_slots`` is 0).
-    Both branches are exact; everything is static-shaped and compiles under XLA.
+    column ``columns[a]`` (``valid[a]`` false if the row has fewer).
+
+    Contract: ``make_slot(s)`` returns ``slot(columns, valid) -> (value, counts)``: ``value`` a scalar
+    differentiable in ``s``, ``counts`` a tuple of gradient-free scalars (e.g. active-triplet counts); slot
+    results are summed. ``general(s)`` returns the same structure for the whole batch. Everything that
+    depends on the scores must be computed from ``s`` (the gradient is taken with respect to it).
+
+    How: the batch's largest positive count picks, with one ``tf.switch_case``, a branch that runs the
+    smallest count of ``SLOT_BUCKETS`` covering it (unrolled, so XLA sees static shapes; at most 2x the
+    slots needed) or the general branch. Each branch computes its value *and* its gradient ``d value / d s``
+    (an inner tape) and the op carries that gradient (``tf.custom_gradient``): the branches need not hand
+    their intermediates to the backward pass, which under XLA would mean zero-filled copies of every other
+    branch's ``[N, M]`` temporaries. Consequences: the gradient is computed even when only the value is
+    needed, second derivatives are not available, and variables read inside get no gradient (the losses read
+    none).
     """
     if max_slots <= 0:
-        return general_fn()
+        return general(scores)
     positive = tf.cast(positive, tf.bool)
-    most = tf.reduce_max(tf.reduce_sum(tf.cast(positive, tf.int32), axis=1))
-
     end = tf.shape(positive)[1]
+    buckets = [k for k in SLOT_BUCKETS if k < max_slots] + [max_slots]
+    most = tf.reduce_max(tf.reduce_sum(tf.cast(positive, tf.int32), axis=1))
+    branch = tf.reduce_sum(tf.cast(most > tf.constant(buckets), tf.int32))  # len(buckets): the general path
 
-    def by_slots():
-        columns, valid = next_positive_columns(positive)
-        total = slot_fn(columns, valid)  # slot 0: rows without any positive are masked by `valid`
-        cursor = tf.where(valid, columns, end)  # a row out of positives stays out
-        for j in range(1, max_slots):  # a static bound on positives per row, not a loop over batch elements
+    def slots(s, count):
+        slot = make_slot(s)
+        cursor, value, counts = None, None, None
+        for _ in range(count):  # a static number of positive slots, not a loop over batch elements
+            columns, valid = next_positive_columns(positive, after=cursor)
+            cursor = tf.where(valid, columns, end)  # a row out of positives stays out
+            part, part_counts = slot(columns, valid)
+            if value is None:
+                value, counts = part, tuple(part_counts)
+            else:
+                value, counts = value + part, tuple(map(tf.add, counts, part_counts))
+        return value, counts
 
-            def step(cursor=cursor):
-                columns, valid = next_positive_columns(positive, after=cursor)
-                return tf.where(valid, columns, end), slot_fn(columns, valid)
+    def with_gradient(fn, s):
+        def run():
+            with tf.GradientTape() as tape:
+                tape.watch(s)
+                value, counts = fn(s)
+            gradient = tape.gradient(value, s, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+            return (value, *counts, gradient)
 
-            def skip(cursor=cursor, total=total):
-                return cursor, tf.nest.map_structure(tf.zeros_like, total)
+        return run
 
-            cursor, part = tf.cond(most > j, step, skip)
-            total = tf.nest.map_structure(tf.add, total, part)
-        return total
+    @tf.custom_gradient
+    def evaluate(s):
+        fns = [functools.partial(slots, count=k) for k in buckets] + [general]
+        *outputs, gradient = tf.switch_case(branch, [with_gradient(fn, s) for fn in fns])
 
-    return tf.cond(most <= max_slots, by_slots, general_fn)
+        def grad_fn(upstream, *unused_count_upstreams, variables=None):
+            # variables read inside (e.g. a counter) are state, not parameters: no gradient flows to them
+            return upstream * gradient, [None] * len(variables or ())
+
+        return outputs, grad_fn
+
+    value, *counts = evaluate(scores)
+    return value, tuple(counts)

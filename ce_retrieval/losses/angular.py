@@ -46,7 +46,7 @@ class AngularLoss(RetrievalLoss):
     supports_bidirectional = False
 
     def __init__(
-        self, alpha: float = 40.0, with_npair: bool = False, npair_weight: float = 2.0, positive_slots: int = 16, **kwargs
+        self, alpha: float = 40.0, with_npair: bool = False, npair_weight: float = 2.0, positive_slots: int = 8, **kwargs
     ):
         if not 0.0 < alpha <= 60.0:
             raise ValueError(f"AngularLoss: alpha is an angle in degrees in (0, 60], got {alpha}")
@@ -64,49 +64,54 @@ class AngularLoss(RetrievalLoss):
         positive, negative = pair_masks(relevance)
         tan2 = math.tan(math.radians(self.alpha)) ** 2
         c_neg, c_pos = 4.0 * tan2, 2.0 * (1.0 + tan2)
-        shift_p = tf.stop_gradient(tf.reduce_max(scores, axis=1, keepdims=True))
+        with_npair = self.with_npair
 
-        def dense():  # every [a, p] at once: one O(N^3) matrix product A B^T (any S: the shifts are exact)
-            shift_a = tf.stop_gradient(tf.maximum(masked_max(scores, negative), -1.0))  # [N, 1]
-            a = tf.where(negative, tf.exp(c_neg * (scores - shift_a)), tf.zeros_like(scores))
-            b = tf.exp(c_neg * (scores - shift_p))
+        def npair_sum(lse, s_ap, mask):  # N-pair term: log(1 + sum_{Neg(a)} e^{S_an - S_ap}) = softplus(lse_a - S_ap)
+            if not with_npair:
+                return 0.0
+            return tf.reduce_sum(tf.where(mask, tf.nn.softplus(lse - s_ap), tf.zeros_like(s_ap)))
+
+        def row_lse(s):  # log sum_{n in Neg(a)} e^{S_an} ([N, 1]; NEG for a row without negatives)
+            return masked_logsumexp(s, negative, axis=1)[:, None] if with_npair else None
+
+        def dense(s):  # every [a, p] at once: one O(N^3) matrix product A B^T (any S: the shifts are exact)
+            shift_a = tf.stop_gradient(tf.maximum(masked_max(s, negative), -1.0))  # [N, 1]
+            shift_p = tf.stop_gradient(tf.reduce_max(s, axis=1, keepdims=True))
+            a = tf.where(negative, tf.exp(c_neg * (s - shift_a)), tf.zeros_like(s))
+            b = tf.exp(c_neg * (s - shift_p))
             pair_sum = tf.matmul(a, b, transpose_b=True)
             has = pair_sum > 0.0
             log_sum = tf.math.log(tf.where(has, pair_sum, tf.ones_like(pair_sum))) + c_neg * (
                 shift_a + tf.transpose(shift_p)
             )
-            per_pair = tf.where(has & positive, tf.nn.softplus(log_sum - c_pos * scores), tf.zeros_like(scores))
-            return tf.reduce_sum(per_pair), npair_sum(scores, positive)
+            per_pair = tf.where(has & positive, tf.nn.softplus(log_sum - c_pos * s), tf.zeros_like(s))
+            return weight * tf.reduce_sum(per_pair) + npair_sum(row_lse(s), s, positive), ()
 
-        # Per slot, A[a, n] B[p, n] = exp(v_an + v_pn) on the negatives, with v = c (S - rowmax S) computed once.
-        # The row max bounds every factor by 1; on the unit sphere (|S| <= 1) v >= -2c >= -24, so nothing
-        # underflows in float32.
-        v = c_neg * (scores - shift_p)
-        # N-pair term (with_npair): log(1 + sum_{n in Neg(a)} exp(S_an - S_ap)) = softplus(lse_a - S_ap), summed
-        # at the positive pairs only (NPairLoss's equation, scale 1; lse = NEG for a row without negatives).
-        lse = masked_logsumexp(scores, negative, axis=1)[:, None] if self.with_npair else None
+        def make_slot(s):
+            # A[a, n] B[p, n] = exp(v_an + v_pn) on the negatives, v = c (S - rowmax S) computed once per batch.
+            # The row max bounds every factor by 1; on the unit sphere (|S| <= 1) v >= -2c >= -24, so nothing
+            # underflows in float32.
+            shift = tf.stop_gradient(tf.reduce_max(s, axis=1, keepdims=True))
+            v = c_neg * (s - shift)
+            lse = row_lse(s)
 
-        def npair_sum(s_ap, mask):
-            if lse is None:
-                return tf.zeros([])
-            return tf.reduce_sum(tf.where(mask, tf.nn.softplus(lse - s_ap), tf.zeros_like(s_ap)))
+            def slot(columns, valid):  # one positive p per anchor a: sum_n A[a, n] B[p, n] in one O(N M) pass
+                terms = tf.where(negative, tf.exp(v + tf.gather(v, columns)), tf.zeros_like(v))
+                pair_sum = tf.reduce_sum(terms, axis=1, keepdims=True)
+                has = pair_sum > 0.0
+                log_sum = tf.math.log(tf.where(has, pair_sum, tf.ones_like(pair_sum))) + c_neg * (
+                    shift + tf.gather(shift, columns)
+                )
+                s_ap = tf.gather(s, columns[:, None], batch_dims=1)
+                mask = valid[:, None]
+                per_pair = tf.where(has & mask, tf.nn.softplus(log_sum - c_pos * s_ap), tf.zeros_like(s_ap))
+                return weight * tf.reduce_sum(per_pair) + npair_sum(lse, s_ap, mask), ()
 
-        def slot(columns, valid):  # one positive p per anchor a: sum_n A[a, n] B[p, n] in one O(N M) pass
-            terms = tf.where(negative, tf.exp(v + tf.gather(v, columns)), tf.zeros_like(v))
-            pair_sum = tf.reduce_sum(terms, axis=1, keepdims=True)
-            has = pair_sum > 0.0
-            log_sum = tf.math.log(tf.where(has, pair_sum, tf.ones_like(pair_sum))) + c_neg * (
-                shift_p + tf.gather(shift_p, columns)
-            )
-            s_ap = tf.gather(scores, columns[:, None], batch_dims=1)
-            per_pair = tf.where(has & valid[:, None], tf.nn.softplus(log_sum - c_pos * s_ap), tf.zeros_like(s_ap))
-            return tf.reduce_sum(per_pair), npair_sum(s_ap, valid[:, None])
+            return slot
 
-        total, npair_total = over_positive_slots(positive, self.positive_slots, slot, dense)
-        num_pairs = tf.maximum(tf.reduce_sum(tf.cast(positive, tf.float32)), 1.0)  # means over positive pairs
-        if self.with_npair:
-            return (self.npair_weight * total + npair_total) / num_pairs
-        return total / num_pairs
+        weight = self.npair_weight if with_npair else 1.0  # l_npair + lambda * l_ang, or l_ang alone
+        total, _ = over_positive_slots(scores, positive, self.positive_slots, make_slot, dense)
+        return total / tf.maximum(tf.reduce_sum(tf.cast(positive, tf.float32)), 1.0)  # mean over positive pairs
 
     def get_config(self):
         config = super().get_config()

@@ -70,7 +70,7 @@ class TripletLoss(RetrievalLoss):
         positive_mining: str = "all",
         max_violation: bool = False,
         average_nonzero: bool = False,
-        positive_slots: int = 16,
+        positive_slots: int = 8,
         **kwargs,
     ):
         if mining not in MINING:
@@ -112,55 +112,64 @@ class TripletLoss(RetrievalLoss):
             return masked_mean(tf.nn.relu(self.margin + dist - semi_hard), kept)
         kept_count = tf.maximum(tf.reduce_sum(tf.cast(kept, tf.float32)), 1.0)
         num_negatives = tf.reduce_sum(tf.cast(negative, tf.float32), axis=1, keepdims=True)
-
-        def pair_at(columns, valid):  # one positive per row: (D_ap [N, 1], S_ap [N, 1], kept [N, 1])
-            d_ap = tf.gather(dist, columns[:, None], batch_dims=1)
-            s_ap = tf.gather(scores, columns[:, None], batch_dims=1)
-            return d_ap, s_ap, valid[:, None] & row_any(negative)
+        has_negative = row_any(negative)
+        margin, distance = self.margin, self.distance
 
         if self.mining == "semi-hard":
-            farthest = tf.gather(dist, tf.argmin(tf.where(negative, scores, tf.fill(tf.shape(scores), float("inf"))),
-                                                 axis=1, output_type=tf.int32)[:, None], batch_dims=1)
 
-            def semi_hard_slot(columns, valid):  # closest negative below S_ap, by a masked arg-max: O(N M)
-                d_ap, s_ap, kept_j = pair_at(columns, valid)
-                farther = negative & (scores < s_ap)
-                nearest = tf.argmax(tf.where(farther, scores, tf.fill(tf.shape(scores), float("-inf"))),
-                                    axis=1, output_type=tf.int32)
-                d_an = tf.where(row_any(farther), tf.gather(dist, nearest[:, None], batch_dims=1), farthest)
-                return (tf.reduce_sum(tf.where(kept_j, tf.nn.relu(self.margin + d_ap - d_an), tf.zeros_like(d_ap))),)
+            def make_semi_hard_slot(s):
+                d = distance_from_similarity(s, distance)
+                farthest_column = tf.argmin(tf.where(negative, s, tf.fill(tf.shape(s), float("inf"))), 1, tf.int32)
+                farthest = tf.gather(d, farthest_column[:, None], batch_dims=1)
 
-            def semi_hard_sorted():  # the miner's one sort per row, for rows with many positives
-                index, _ = miners.semi_hard_negative_indices(relevance, scores)
-                per_pair = tf.nn.relu(self.margin + dist - tf.gather(dist, index, batch_dims=1))
-                return (tf.reduce_sum(tf.where(kept, per_pair, tf.zeros_like(per_pair))),)
+                def slot(columns, valid):  # closest negative below S_ap, by a masked arg-max over the row: O(N M)
+                    s_ap = tf.gather(s, columns[:, None], batch_dims=1)
+                    farther = negative & (s < s_ap)
+                    nearest = tf.argmax(tf.where(farther, s, tf.fill(tf.shape(s), float("-inf"))), 1, tf.int32)
+                    d_an = tf.where(row_any(farther), tf.gather(d, nearest[:, None], batch_dims=1), farthest)
+                    hinge = tf.nn.relu(margin + tf.gather(d, columns[:, None], batch_dims=1) - d_an)
+                    return tf.reduce_sum(tf.where(valid[:, None] & has_negative, hinge, tf.zeros_like(hinge))), ()
 
-            (total,) = over_positive_slots(positive, self.positive_slots, semi_hard_slot, semi_hard_sorted)
+                return slot
+
+            def semi_hard_sorted(s):  # the miner's one sort per row, for rows with many positives
+                d = distance_from_similarity(s, distance)
+                index, _ = miners.semi_hard_negative_indices(relevance, s)
+                per_pair = tf.nn.relu(margin + d - tf.gather(d, index, batch_dims=1))
+                return tf.reduce_sum(tf.where(kept, per_pair, tf.zeros_like(per_pair))), ()
+
+            total, _ = over_positive_slots(scores, positive, self.positive_slots, make_semi_hard_slot, semi_hard_sorted)
             return total / kept_count
 
-        def all_slot(columns, valid):  # sum over the row's negatives of [m + D_ap - D_an]_+, per pair: O(N M)
-            d_ap, _, kept_j = pair_at(columns, valid)
-            threshold = self.margin + d_ap
-            hinge_sum = tf.reduce_sum(tf.where(negative, tf.nn.relu(threshold - dist), tf.zeros_like(dist)), 1, True)
-            active = tf.reduce_sum(tf.cast(negative & (dist < threshold), tf.float32), axis=1, keepdims=True)
-            return tuple(
-                tf.reduce_sum(tf.where(kept_j, x, tf.zeros_like(x)))
-                for x in (hinge_sum / tf.maximum(num_negatives, 1.0), hinge_sum, active)
+        # 'all': the differentiated sum is of hinge sums (average_nonzero) or of per-pair means over negatives;
+        # the active-triplet count is gradient-free.
+        def reduce(hinge_sum, active, mask):
+            value = hinge_sum if self.average_nonzero else hinge_sum / tf.maximum(num_negatives, 1.0)
+            return tf.reduce_sum(tf.where(mask, value, tf.zeros_like(value))), (
+                tf.reduce_sum(tf.where(mask, active, tf.zeros_like(active))),
             )
 
-        def all_sorted():
-            threshold = tf.where(kept, self.margin + dist, tf.zeros_like(dist))
-            active, below = count_below(threshold, dist, negative)
-            hinge_sum = active * threshold - below  # sum over the row's negatives of [m + D_ap - D_an]_+
-            return tuple(
-                tf.reduce_sum(tf.where(kept, x, tf.zeros_like(x)))
-                for x in (hinge_sum / tf.maximum(num_negatives, 1.0), hinge_sum, active)
-            )
+        def make_all_slot(s):
+            d = distance_from_similarity(s, distance)
 
-        mean_sum, hinge_total, active_total = over_positive_slots(positive, self.positive_slots, all_slot, all_sorted)
+            def slot(columns, valid):  # sum over the row's negatives of [m + D_ap - D_an]_+, per pair: O(N M)
+                threshold = margin + tf.gather(d, columns[:, None], batch_dims=1)
+                hinge_sum = tf.reduce_sum(tf.where(negative, tf.nn.relu(threshold - d), tf.zeros_like(d)), 1, True)
+                active = tf.reduce_sum(tf.cast(negative & (d < threshold), tf.float32), axis=1, keepdims=True)
+                return reduce(hinge_sum, active, valid[:, None] & has_negative)
+
+            return slot
+
+        def all_sorted(s):
+            d = distance_from_similarity(s, distance)
+            threshold = tf.where(kept, margin + d, tf.zeros_like(d))
+            active, below = count_below(threshold, d, negative)
+            return reduce(active * threshold - below, active, kept)  # count * t - sum below = sum of hinges
+
+        total, (active_total,) = over_positive_slots(scores, positive, self.positive_slots, make_all_slot, all_sorted)
         if self.average_nonzero:
-            return hinge_total / tf.maximum(active_total, 1.0)
-        return mean_sum / kept_count
+            return total / tf.maximum(active_total, 1.0)
+        return total / kept_count
 
     def get_config(self):
         return {

@@ -245,12 +245,12 @@ def uneven_batch(seed=12):
     ids=["triplet_all", "triplet_all_nonzero", "triplet_semi_hard", "angular", "angular_npair"],
 )
 def test_positive_slots_and_general_path_agree(make, reference):
-    """Per-slot evaluation (rows with <= positive_slots positives), the fallback when a row has more (6 > 3)
-    and the general path (0) give the reference value and the same gradient, eagerly and under XLA."""
+    """Per-slot evaluation (rows with <= positive_slots positives: 6 and 8), the fallback when a row has more
+    (6 > 3) and the general path (0) give the reference value and the same gradient, eagerly and under XLA."""
     s, r = uneven_batch()
     want = reference(s.astype(np.float64), r)
     runs = {}
-    for k in (0, 3, 6, 16):
+    for k in (0, 3, 6, 8):
         loss = make(k)
         runs[k] = [t.numpy() for t in _value_and_grad(loss, r, tf.constant(s))]
         np.testing.assert_allclose(runs[k][0], want, rtol=2e-5, err_msg=f"positive_slots={k}")
@@ -260,28 +260,42 @@ def test_positive_slots_and_general_path_agree(make, reference):
     np.testing.assert_allclose(xla[1].numpy(), runs[0][1], rtol=1e-4, atol=1e-6)
 
 
-def test_positive_slots_cost_follows_the_largest_positive_count():
-    """Slot j runs only when some row has more than j positives: a batch with one positive per row executes
-    one slot, whatever the bound (counted through a side effect of slot_fn under tf.function)."""
+def test_positive_slots_runs_the_smallest_bucket_and_carries_the_gradient():
+    """The batch's largest positive count picks the branch: one positive per row runs one slot, six run the
+    8-slot bucket, more than the bound runs the general path (counted by a variable that only the executed
+    branch increments). Value and gradient of sum_{positive pairs} S^2 come out the same on every path."""
     from ce_retrieval.losses._pairs import over_positive_slots
 
     calls = tf.Variable(0)
 
-    def slot(columns, valid):
-        with tf.control_dependencies([calls.assign_add(1)]):
-            return (tf.reduce_sum(tf.cast(valid, tf.float32)),)
+    @tf.function(autograph=False)
+    def run(s, positive, bound):
+        def make_slot(s):
+            def slot(columns, valid):
+                with tf.control_dependencies([calls.assign_add(1)]):
+                    picked = tf.gather(s, columns[:, None], batch_dims=1)[:, 0]
+                    return tf.reduce_sum(tf.where(valid, picked**2, 0.0)), (tf.reduce_sum(tf.cast(valid, tf.float32)),)
 
-    def general():
-        return (tf.constant(-1.0),)
+            return slot
 
-    run = tf.function(lambda p, bound: over_positive_slots(p, bound, slot, general), autograph=False)
-    one_each = tf.constant(np.eye(6, dtype=bool)[np.arange(6) ^ 1])
-    assert float(run(one_each, 16)[0]) == 6.0 and int(calls.numpy()) == 1
-    three = tf.constant(np.r_[np.ones((1, 6), bool), np.zeros((5, 6), bool)])
-    calls.assign(0)
-    assert float(run(three, 16)[0]) == 6.0 and int(calls.numpy()) == 6  # one row with 6 positives: 6 slots
-    calls.assign(0)
-    assert float(run(three, 5)[0]) == -1.0 and int(calls.numpy()) == 0  # over the bound: the general path
+        def general(s):
+            return tf.reduce_sum(tf.where(positive, s**2, 0.0)), (tf.reduce_sum(tf.cast(positive, tf.float32)),)
+
+        with tf.GradientTape() as tape:
+            tape.watch(s)
+            value, (count,) = over_positive_slots(s, positive, bound, make_slot, general)
+        return value, count, tape.gradient(value, s)
+
+    s = tf.constant(np.random.default_rng(0).uniform(-1, 1, size=(6, 6)).astype(np.float32))
+    for rows, bound, slots_run in [(np.eye(6, dtype=bool)[np.arange(6) ^ 1], 8, 1),
+                                   (np.r_[np.ones((1, 6), bool), np.zeros((5, 6), bool)], 8, 8),
+                                   (np.r_[np.ones((1, 6), bool), np.zeros((5, 6), bool)], 5, 0)]:
+        calls.assign(0)
+        value, count, grad = run(s, tf.constant(rows), bound)
+        assert int(calls.numpy()) == slots_run
+        np.testing.assert_allclose(float(value), np.sum(np.where(rows, s.numpy() ** 2, 0.0)), rtol=1e-6)
+        assert float(count) == rows.sum()
+        np.testing.assert_allclose(grad.numpy(), np.where(rows, 2 * s.numpy(), 0.0), rtol=1e-6)
     with pytest.raises(ValueError, match="positive_slots must be >= 0"):
         TripletLoss(positive_slots=-1)
     with pytest.raises(ValueError, match="positive_slots must be >= 0"):
