@@ -178,7 +178,7 @@ def next_positive_columns(positive: tf.Tensor, after: tf.Tensor | None = None) -
 
 
 #: Slot counts compiled for ``over_positive_slots`` (a batch runs the smallest count covering its rows).
-SLOT_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+SLOT_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
 
 def over_positive_slots(scores: tf.Tensor, positive: tf.Tensor, max_slots: int, make_slot, general):

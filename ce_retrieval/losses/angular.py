@@ -12,14 +12,14 @@ For a positive pair (a, p) and the negatives n of a (embeddings L2-normalised, `
 negative, so ``S`` must be square (queries and documents are the same items, ``S = E E^T``); the
 two-tower text x image matrix lacks image-image similarities and is refused with a clear error.
 
-Cost: ``sum_n exp(c (S_an + S_pn)) = sum_n A[a, n] B[p, n]`` with ``A = 1[Neg] * exp(c (S - max_neg))``
-and ``B = exp(c (S - max))``, needed only at the positive pairs (a, p). When no row has more than
-``positive_slots`` positives (P x K batches: K - 1), it is taken one positive slot at a time: gather row
-``p`` of ``B`` for every anchor's j-th positive and reduce against ``A`` (O(K N^2) time, O(N^2) memory;
-``_pairs.over_positive_slots``). Otherwise (or ``positive_slots=0``) all entries come from one matrix
-product ``A B^T`` (O(N^3) flops, O(N^2) memory). No [N, N, N] tensor either way. The shifts keep every
-factor <= 1; with ``alpha <= 60`` degrees (``c = 4 tan^2 alpha <= 12``) no term underflows in float32,
-hence the bound on ``alpha``.
+Cost: ``sum_n exp(c (S_an + S_pn))`` (``c = 4 tan^2 alpha``) is needed only at the positive pairs (a, p).
+When no row has more than ``positive_slots`` positives (P x K batches: K - 1), it is taken one positive
+slot at a time: ``sum_n 1[Neg] exp(v_an + v_pn)`` with ``v = c (S - rowmax S)``, row ``p`` of ``v`` gathered
+for every anchor (O(K N^2) time, O(N^2) memory; ``_pairs.over_positive_slots``, which carries its own
+gradient: no second derivatives). Otherwise (or ``positive_slots=0``) every entry comes from one matrix
+product ``A B^T``, ``A = 1[Neg] exp(c (S - max_neg))``, ``B = exp(c (S - max))`` (O(N^3) flops, O(N^2)
+memory). No [N, N, N] tensor either way. The shifts keep every factor <= 1; with ``alpha <= 60`` degrees
+(``c <= 12``) and ``|S| <= 1`` no term underflows in float32, hence the bound on ``alpha``.
 Matches pytorch-metric-learning's ``AngularLoss(alpha)`` (mean over positive pairs).
 """
 from __future__ import annotations

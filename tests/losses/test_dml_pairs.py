@@ -261,8 +261,8 @@ def test_positive_slots_and_general_path_agree(make, reference):
 
 
 def test_positive_slots_runs_the_smallest_bucket_and_carries_the_gradient():
-    """The batch's largest positive count picks the branch: one positive per row runs one slot, six run the
-    8-slot bucket, more than the bound runs the general path (counted by a variable that only the executed
+    """The batch's largest positive count picks the branch: one positive per row runs one slot, five run the
+    6-slot bucket, more than the bound runs the general path (counted by a variable that only the executed
     branch increments). Value and gradient of sum_{positive pairs} S^2 come out the same on every path."""
     from ce_retrieval.losses._pairs import over_positive_slots
 
@@ -287,9 +287,11 @@ def test_positive_slots_runs_the_smallest_bucket_and_carries_the_gradient():
         return value, count, tape.gradient(value, s)
 
     s = tf.constant(np.random.default_rng(0).uniform(-1, 1, size=(6, 6)).astype(np.float32))
+    five = np.zeros((6, 6), bool)
+    five[2, :5] = five[4, 1] = True
     for rows, bound, slots_run in [(np.eye(6, dtype=bool)[np.arange(6) ^ 1], 8, 1),
-                                   (np.r_[np.ones((1, 6), bool), np.zeros((5, 6), bool)], 8, 8),
-                                   (np.r_[np.ones((1, 6), bool), np.zeros((5, 6), bool)], 5, 0)]:
+                                   (five, 8, 6),  # the smallest bucket covering 5 (SLOT_BUCKETS) is 6
+                                   (five, 4, 0)]:  # over the bound: the general path
         calls.assign(0)
         value, count, grad = run(s, tf.constant(rows), bound)
         assert int(calls.numpy()) == slots_run
