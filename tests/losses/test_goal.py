@@ -467,6 +467,7 @@ _DISTRIBUTED = textwrap.dedent(
         "value": [float(single_value), float(value)],
         "grad_error": max(float(tf.reduce_max(tf.abs(g - s))) for g, s in zip(grads, single)),
         "grad_norm": min(float(tf.norm(s)) for s in single),
+        "grad_scale": max(float(tf.reduce_max(tf.abs(s))) for s in single),
     }))
     """
 )
@@ -483,7 +484,10 @@ def test_distributed_gradient_equals_single_device():
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["replicas"] == 2
     assert result["value"][1] == pytest.approx(result["value"][0], rel=1e-5)
-    assert result["grad_norm"] > 0 and result["grad_error"] < 1e-5
+    # float32: the replicas' partial gradients are summed in another order than one device's (CI saw 1.2e-5 on
+    # entries of size ~2; 5e-7 here), so the bound is relative to the largest entry; a real error (a replica
+    # scaling off by 2, a lost term) is O(1) relative
+    assert result["grad_norm"] > 0 and result["grad_error"] < 5e-5 * max(result["grad_scale"], 1.0)
     assert np.isfinite(result["fit_loss"]).all()
 
 
