@@ -26,7 +26,8 @@ def test_mirrored_two_replicas_equal_one_device(tmp_path):
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["shapes"] == [[8, 8], [8, 8]]  # each replica holds the GLOBAL matrix
     assert result["matrix_diff"] < 1e-5
-    assert abs(result["loss_single"] - result["loss_multi"]) < 1e-5
+    # float32 sums in another order across replicas: relative to the loss's size
+    assert abs(result["loss_single"] - result["loss_multi"]) < 1e-5 * max(1.0, abs(result["loss_single"]))
     assert result["optimizer_iterations"] == [1, 1]
     assert result["step_size"] > 1e-3 and result["fraction_moved"] > 0.5  # the step really moved the weights
     assert result["weight_diff"] < 1e-5 * max(1.0, result["step_size"]), result["worst"]
