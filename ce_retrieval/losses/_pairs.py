@@ -162,7 +162,6 @@ def require_square(scores: tf.Tensor, owner: str) -> tf.Tensor:
         return tf.identity(scores)
 
 
-
 def next_positive_columns(positive: tf.Tensor, after: tf.Tensor | None = None) -> tuple[tf.Tensor, tf.Tensor]:
     """Per row, the first positive column after column ``after[a]`` (the first one at all if ``after`` is None).
 
@@ -174,7 +173,6 @@ def next_positive_columns(positive: tf.Tensor, after: tf.Tensor | None = None) -
         positive = positive & (tf.range(tf.shape(positive)[1])[None, :] > after[:, None])
     columns = tf.argmax(tf.cast(positive, tf.int8), axis=1, output_type=tf.int32)
     return columns, tf.gather(positive, columns[:, None], batch_dims=1)[:, 0]
-
 
 
 #: Slot counts compiled for ``over_positive_slots`` (a batch runs the smallest count covering its rows).
@@ -197,7 +195,7 @@ def over_positive_slots(scores: tf.Tensor, positive: tf.Tensor, max_slots: int, 
     depends on the scores must be computed from ``s`` (the gradient is taken with respect to it).
 
     How: the batch's largest positive count picks, with one ``tf.switch_case``, a branch that runs the
-    smallest count of ``SLOT_BUCKETS`` covering it (unrolled, so XLA sees static shapes; at most 2x the
+    smallest count of ``SLOT_BUCKETS`` covering it (unrolled, so XLA sees static shapes; at most 1.5x the
     slots needed) or the general branch. Each branch computes its value *and* its gradient ``d value / d s``
     (an inner tape) and the op carries that gradient (``tf.custom_gradient``): the branches need not hand
     their intermediates to the backward pass, which under XLA would mean zero-filled copies of every other

@@ -101,12 +101,13 @@ class TripletLoss(RetrievalLoss):
         if self.positive_mining == "hard":
             hardest, _ = miners.hardest_positive_indices(relevance, scores)
             positive = positive & tf.one_hot(hardest, tf.shape(scores)[1], on_value=True, off_value=False)
-        dist = distance_from_similarity(scores, self.distance)
         kept = positive & row_any(negative)
         if self.mining == "hard":
+            dist = distance_from_similarity(scores, self.distance)
             per_pair = tf.nn.relu(self.margin + dist - masked_min(dist, negative))
             return masked_mean(per_pair, kept)
         if self.mining == "semi-hard" and self.positive_mining == "hard":  # one positive per row: no sort
+            dist = distance_from_similarity(scores, self.distance)
             farther = negative & (scores < masked_min(scores, positive))
             semi_hard = tf.where(row_any(farther), masked_min(dist, farther), masked_max(dist, negative))
             return masked_mean(tf.nn.relu(self.margin + dist - semi_hard), kept)
