@@ -19,28 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 import ce_retrieval.losses as L
-from ce_retrieval.losses._metric import masked_logsumexp
-from ce_retrieval.losses.base import IRRELEVANT, RELEVANT, RetrievalLoss, mean_over_positives
 from ce_retrieval.modeling.proxies import proxy_relevance
-
-
-class _SampledSoftmaxReference(RetrievalLoss):
-    """Eq. (2), used only when the project's SampledSoftmax is not in this build."""
-
-    def __init__(self, scale=20.0, **kwargs):
-        super().__init__(**kwargs)
-        self.scale = scale
-
-    def compute(self, relevance, scores):
-        logits = self.scale * scores
-        log_neg, _ = masked_logsumexp(logits, relevance == IRRELEVANT)
-        per_pair = tf.nn.softplus(log_neg[:, None] - logits)
-        return mean_over_positives(per_pair, tf.where(relevance == RELEVANT, RELEVANT, IRRELEVANT))
-
-
-def _baseline():
-    return (L.SampledSoftmax(), "SampledSoftmax") if hasattr(L, "SampledSoftmax") else (
-        _SampledSoftmaxReference(), "SampledSoftmax (eq. 2 reference in this script)")
 
 
 def _timed(fn, repeats):
@@ -88,7 +67,7 @@ def main(argv=None):
             return value, tape.gradient(value, [emb, proxies])
         return run
 
-    baseline, baseline_name = _baseline()
+    baseline, baseline_name = L.SampledSoftmax(), "SampledSoftmax"
 
     def baseline_fn():
         with tf.GradientTape() as tape:

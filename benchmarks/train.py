@@ -27,7 +27,8 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import ce_retrieval  # noqa: E402,F401
-from ce_retrieval.losses import RetrievalLoss, mean_over_positives, relevance_from_ids  # noqa: E402
+from ce_retrieval import losses  # noqa: E402
+from ce_retrieval.losses import relevance_from_ids  # noqa: E402
 from ce_retrieval.modeling import (  # noqa: E402
     ModelConfig,
     OptimizerConfig,
@@ -37,30 +38,6 @@ from ce_retrieval.modeling import (  # noqa: E402
 )
 
 WORDS = "a the red green blue dog cat car tree grass street small big sky on in with".split()
-
-
-class _CrossExampleSoftmax(RetrievalLoss):
-    """Cross-Example Softmax (paper eq. 5), local to the benchmark so it runs before the losses package lands."""
-
-    def __init__(self, scale=20.0, **kwargs):
-        super().__init__(**kwargs)
-        self.scale = scale
-
-    def compute(self, relevance, scores):
-        logits = self.scale * scores
-        neg = tf.where(relevance == 0.0, logits, tf.fill(tf.shape(logits), -1e9))
-        lse_neg = tf.reduce_logsumexp(neg)
-        denom = tf.reduce_logsumexp(tf.stack([logits, tf.fill(tf.shape(logits), lse_neg)]), axis=0)
-        return mean_over_positives(denom - logits, relevance)
-
-
-def _loss(name):
-    try:
-        from ce_retrieval import losses
-
-        return losses.get(name)
-    except ValueError:
-        return _CrossExampleSoftmax()
 
 
 def _vocab(path):
@@ -96,7 +73,7 @@ def measure(config: str, batch_size: int, steps: int, loss_name: str, jit: bool)
     workdir = tempfile.mkdtemp()
     model = build_two_tower(cfg, _vocab(os.path.join(workdir, "vocab.txt")))
     text_opt, image_opt = build_optimizers(OptimizerConfig(), total_steps=1000)
-    model.compile(loss=_loss(loss_name), text_optimizer=text_opt, image_optimizer=image_opt, jit_compile=jit)
+    model.compile(loss=losses.get(loss_name), text_optimizer=text_opt, image_optimizer=image_opt, jit_compile=jit)
     batch = _batch(batch_size, cfg.image.image_size)
 
     step = tf.function(model.train_step)

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from ce_retrieval.losses._metric import check_similarity, masked_logsumexp, masked_mean, squared_distance
+from ce_retrieval.losses._metric import check_similarity, squared_distance
+from ce_retrieval.losses._pairs import masked_logsumexp, masked_mean, row_any
 from ce_retrieval.losses.base import IRRELEVANT, RELEVANT, RetrievalLoss
 from ce_retrieval.losses.registry import register
 
@@ -31,12 +32,12 @@ def nca_per_query(relevance, scores, scale: float, similarity: str = "cosine", o
     logits = -scale * squared_distance(scores, similarity)
     positive = relevance == RELEVANT
     valid = positive | (relevance == IRRELEVANT)
-    log_pos, has_pos = masked_logsumexp(logits, positive)
     denominator_mask = valid if include_positives_in_denominator else (relevance == IRRELEVANT)
-    log_all, has_den = masked_logsumexp(logits, denominator_mask)
-    log_p = log_pos - log_all
+    present = row_any(positive, keepdims=False) & row_any(denominator_mask, keepdims=False)
+    # empty sets give NEG in masked_logsumexp: replace the difference so exp() below stays finite
+    log_p = tf.where(present, masked_logsumexp(logits, positive) - masked_logsumexp(logits, denominator_mask), 0.0)
     per_query = -log_p if objective == "log" else 1.0 - tf.exp(log_p)
-    return per_query, has_pos & has_den
+    return per_query, present
 
 
 @register

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from ce_retrieval.losses._metric import log1p_sum_exp
+from ce_retrieval.losses._pairs import masked_logsumexp
 from ce_retrieval.losses.base import IRRELEVANT, RELEVANT, RetrievalLoss
 from ce_retrieval.losses.registry import register
 
@@ -37,8 +37,8 @@ class ProxyAnchorLoss(RetrievalLoss):
     def compute(self, relevance, scores):
         positive = relevance == RELEVANT
         negative = relevance == IRRELEVANT
-        pos_term = log1p_sum_exp(-self.alpha * (scores - self.delta), positive, axis=0)  # [M]
-        neg_term = log1p_sum_exp(self.alpha * (scores + self.delta), negative, axis=0)  # [M]
+        pos_term = masked_logsumexp(-self.alpha * (scores - self.delta), positive, axis=0, add_one=True)  # [M]
+        neg_term = masked_logsumexp(self.alpha * (scores + self.delta), negative, axis=0, add_one=True)  # [M]
         with_pos = tf.cast(tf.reduce_any(positive, axis=0), tf.float32)
         num_with_pos = tf.maximum(tf.reduce_sum(with_pos), 1.0)
         num_proxies = tf.cast(tf.shape(scores)[1], tf.float32)

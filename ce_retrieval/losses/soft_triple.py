@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from ce_retrieval.losses._metric import masked_logsumexp
+from ce_retrieval.losses._pairs import masked_logsumexp
 from ce_retrieval.losses.base import IRRELEVANT, RELEVANT, RetrievalLoss, mean_over_positives
 from ce_retrieval.losses.registry import register
 
@@ -62,7 +62,7 @@ class SoftTripleLoss(RetrievalLoss):
         class_sim = tf.reduce_sum(weights * grouped, axis=-1)  # [N, C]
         class_rel = tf.reshape(relevance, [tf.shape(relevance)[0], -1, k])[:, :, 0]
         logits = self.la * class_sim
-        log_neg, _ = masked_logsumexp(logits, class_rel == IRRELEVANT)  # [N]
+        log_neg = masked_logsumexp(logits, class_rel == IRRELEVANT)  # [N]
         has_neg = tf.reduce_any(class_rel == IRRELEVANT, axis=1)
         pos_logit = self.la * (class_sim - self.delta)
         # -log(e^a / (e^a + e^b)) = softplus(b - a), b = -inf (no negative) gives 0.
