@@ -42,18 +42,10 @@ class SampledSoftmax(SoftmaxFamilyLoss):
         super().__init__(scale=scale, cross_example=False, bidirectional=bidirectional, name=name, **kwargs)
 
 
-@register
-class StochasticNegativeMining(SoftmaxFamilyLoss):
-    """Eq. (3): sampled softmax over the top-k negatives of each row.
+class _NegativeMiningSoftmax(SoftmaxFamilyLoss):
+    """Eqs. (3) and (6) share everything but the negative set (per row or across the batch: ``cross_example``)."""
 
-    Args:
-      scale: logit scale.
-      negative_fraction: f in (0, 1]; row i keeps k_i = ceil(f * n_i) of its n_i negatives (n_i excludes
-        ignored pairs, so it may differ per row). Default 0.5 (the paper's setting).
-      top_k: keep min(top_k, n_i) negatives per row instead of a fraction.
-      bidirectional: also apply to S^T and average.
-    """
-
+    cross_example = False
     default_negative_fraction = 0.5
 
     def __init__(
@@ -67,7 +59,7 @@ class StochasticNegativeMining(SoftmaxFamilyLoss):
     ):
         super().__init__(
             scale=scale,
-            cross_example=False,
+            cross_example=self.cross_example,
             negative_fraction=negative_fraction,
             top_k=top_k,
             bidirectional=bidirectional,
@@ -77,6 +69,19 @@ class StochasticNegativeMining(SoftmaxFamilyLoss):
 
     def get_config(self):
         return {**super().get_config(), "negative_fraction": self.negative_fraction, "top_k": self.top_k}
+
+
+@register
+class StochasticNegativeMining(_NegativeMiningSoftmax):
+    """Eq. (3): sampled softmax over the top-k negatives of each row.
+
+    Args:
+      scale: logit scale.
+      negative_fraction: f in (0, 1]; row i keeps k_i = ceil(f * n_i) of its n_i negatives (n_i excludes
+        ignored pairs, so it may differ per row). Default 0.5 (the paper's setting).
+      top_k: keep min(top_k, n_i) negatives per row instead of a fraction.
+      bidirectional: also apply to S^T and average.
+    """
 
 
 @register
@@ -93,7 +98,7 @@ class CrossExampleSoftmax(SoftmaxFamilyLoss):
 
 
 @register
-class CrossExampleNegativeMining(SoftmaxFamilyLoss):
+class CrossExampleNegativeMining(_NegativeMiningSoftmax):
     """Eq. (6): every positive pair against the top-k negatives of the whole batch.
 
     Args:
@@ -103,29 +108,7 @@ class CrossExampleNegativeMining(SoftmaxFamilyLoss):
       bidirectional: also apply to S^T and average.
     """
 
-    default_negative_fraction = 0.5
-
-    def __init__(
-        self,
-        scale: float = 20.0,
-        negative_fraction: float | None = None,
-        top_k: int | None = None,
-        bidirectional: bool = False,
-        name: str | None = None,
-        **kwargs,
-    ):
-        super().__init__(
-            scale=scale,
-            cross_example=True,
-            negative_fraction=negative_fraction,
-            top_k=top_k,
-            bidirectional=bidirectional,
-            name=name,
-            **kwargs,
-        )
-
-    def get_config(self):
-        return {**super().get_config(), "negative_fraction": self.negative_fraction, "top_k": self.top_k}
+    cross_example = True
 
 
 __all__ = ["SampledSoftmax", "StochasticNegativeMining", "CrossExampleSoftmax", "CrossExampleNegativeMining"]
