@@ -18,8 +18,9 @@ import ce_retrieval  # noqa: E402,F401
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 
-from modeling_fixtures import VOCAB, SoftmaxTestLoss, make_batch, tiny_config  # noqa: E402
+from modeling_fixtures import VOCAB, make_batch, tiny_config  # noqa: E402
 
+from ce_retrieval.losses import SampledSoftmax  # noqa: E402
 from ce_retrieval.modeling import build_two_tower, cosine_similarity, gather_from_replicas  # noqa: E402
 
 
@@ -30,7 +31,7 @@ def build(strategy, vocab, batchnorm, run_eagerly=False):
         model = build_two_tower(cfg, vocab)
         # Plain SGD: its update is proportional to the gradient, so a wrong replica scaling would show.
         model.compile(
-            loss=SoftmaxTestLoss(),
+            loss=SampledSoftmax(),
             text_optimizer=tf.keras.optimizers.SGD(0.05),
             image_optimizer=tf.keras.optimizers.SGD(0.05),
             run_eagerly=run_eagerly,

@@ -1,4 +1,5 @@
-"""Helpers for the modeling tests: a tiny WordPiece vocab, tiny PNG/JPEG batches, a test-local softmax loss.
+"""Helpers for the modeling tests: a tiny WordPiece vocab and tiny PNG/JPEG batches (the tests train with the
+project's SampledSoftmax).
 
 A uniquely named module (not imported as ``conftest``, which in a whole-suite run could be another folder's
 conftest); the ``vocab_file`` fixture lives in this folder's conftest.py.
@@ -8,26 +9,9 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
-from ce_retrieval.losses import RetrievalLoss, mean_over_positives
-
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "the", "red", "green", "blue", "yellow", "dog", "cat",
          "car", "tree", "on", "in", "grass", "street", "small", "big", "##s", "##y", "with", "sky", "."]
 WORDS = ["red", "green", "blue", "yellow", "dog", "cat", "car", "tree", "grass", "street", "small", "big", "sky"]
-
-
-class SoftmaxTestLoss(RetrievalLoss):
-    """Test-local sampled softmax over each row's negatives: -log(e^{l_ij} / (e^{l_ij} + sum_{k in Neg_i} e^{l_ik}))."""
-
-    def __init__(self, scale=20.0, **kwargs):
-        super().__init__(**kwargs)
-        self.scale = scale
-
-    def compute(self, relevance, scores):
-        logits = self.scale * scores
-        neg = tf.where(relevance == 0.0, logits, tf.fill(tf.shape(logits), -1e9))
-        lse_neg = tf.reduce_logsumexp(neg, axis=1, keepdims=True)
-        denom = tf.reduce_logsumexp(tf.stack([logits, tf.broadcast_to(lse_neg, tf.shape(logits))]), axis=0)
-        return mean_over_positives(denom - logits, relevance)
 
 
 def make_images(n, seed=0, size=(40, 48), fmt="png"):

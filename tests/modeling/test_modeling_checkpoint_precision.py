@@ -2,8 +2,9 @@
 import numpy as np
 import pytest
 import tensorflow as tf
-from modeling_fixtures import SoftmaxTestLoss, make_batch, tiny_config
+from modeling_fixtures import make_batch, tiny_config
 
+from ce_retrieval.losses import SampledSoftmax
 from ce_retrieval.modeling import OptimizerConfig, build_optimizers, build_two_tower
 
 
@@ -11,7 +12,7 @@ def _model(vocab_file):
     model = build_two_tower(tiny_config(), vocab_file)
     text_opt, image_opt = build_optimizers(OptimizerConfig.tiny(text_warmup_steps=1), total_steps=50)
     # Eager steps: these tests take 1-3 steps, so tracing the step graph would cost more than it saves.
-    model.compile(loss=SoftmaxTestLoss(), text_optimizer=text_opt, image_optimizer=image_opt, run_eagerly=True)
+    model.compile(loss=SampledSoftmax(), text_optimizer=text_opt, image_optimizer=image_opt, run_eagerly=True)
     return model
 
 

@@ -2,8 +2,9 @@
 import numpy as np
 import pytest
 import tensorflow as tf
-from modeling_fixtures import SoftmaxTestLoss, make_batch, tiny_config
+from modeling_fixtures import make_batch, tiny_config
 
+from ce_retrieval.losses import SampledSoftmax
 from ce_retrieval.modeling import OptimizerConfig, WarmupLinearDecay, build_optimizers, build_two_tower
 
 
@@ -40,7 +41,7 @@ def _compiled(vocab_file, run_eagerly=False, **cfg_overrides):
     image_opt = tf.keras.optimizers.SGD(1e-3, momentum=0.9)
     scale = 1.0 if cfg_overrides.get("learn_logit_scale") else 20.0
     model.compile(
-        loss=SoftmaxTestLoss(scale=scale), text_optimizer=text_opt, image_optimizer=image_opt, run_eagerly=run_eagerly
+        loss=SampledSoftmax(scale=scale), text_optimizer=text_opt, image_optimizer=image_opt, run_eagerly=run_eagerly
     )
     return model
 
@@ -66,17 +67,17 @@ def test_logit_scale_wiring(vocab_file):
     model = build_two_tower(tiny_config(), vocab_file)
     opts = dict(text_optimizer=tf.keras.optimizers.Adam(), image_optimizer=tf.keras.optimizers.SGD())
     with pytest.raises(ValueError, match="logit scale mismatch"):
-        model.compile(loss=SoftmaxTestLoss(scale=10.0), **opts)
+        model.compile(loss=SampledSoftmax(scale=10.0), **opts)
     with pytest.raises(ValueError, match="distinct"):
         opt = tf.keras.optimizers.SGD()
-        model.compile(loss=SoftmaxTestLoss(), text_optimizer=opt, image_optimizer=opt)
+        model.compile(loss=SampledSoftmax(), text_optimizer=opt, image_optimizer=opt)
     assert float(model.logit_scale) == pytest.approx(20.0)
 
     learned = _compiled(vocab_file, run_eagerly=True, learn_logit_scale=True)  # eager: 2 steps, no tracing
     assert float(learned.logit_scale) == pytest.approx(20.0, rel=1e-5)
     assert any(v is learned.log_logit_scale for v in learned.text_variables)
     with pytest.raises(ValueError, match="scale=1.0"):
-        learned.compile(loss=SoftmaxTestLoss(scale=20.0), **opts)  # raises before changing the compiled state
+        learned.compile(loss=SampledSoftmax(scale=20.0), **opts)  # raises before changing the compiled state
     logs = learned.fit(tf.data.Dataset.from_tensors(make_batch()).repeat(2), verbose=0).history
     assert "logit_scale" in logs
     assert float(learned.logit_scale) != pytest.approx(20.0, rel=1e-7)
@@ -85,7 +86,7 @@ def test_logit_scale_wiring(vocab_file):
 def test_xla_compiled_step_matches_the_graph_step(vocab_file):
     model = build_two_tower(tiny_config(), vocab_file)
     model.compile(
-        loss=SoftmaxTestLoss(),
+        loss=SampledSoftmax(),
         text_optimizer=tf.keras.optimizers.SGD(0.1),
         image_optimizer=tf.keras.optimizers.SGD(0.1),
         jit_compile=True,
