@@ -2,7 +2,8 @@
 
 Metrics take embeddings + ids (NumPy or tensors) and need only NumPy; the names below are imported on first
 use, so ``from ce_retrieval.evaluation import global_pr_auc`` does not load TensorFlow or matplotlib.
-See docs in each module: ``calibration`` (exact streamed PR-AUC), ``retrieval`` (Recall@K, distractors, ANN
+See docs in each module: ``calibration`` (exact streamed PR-AUC), ``transfer`` (do thresholds calibrated on one
+split keep their precision on another; per-query threshold spread), ``retrieval`` (Recall@K, distractors, ANN
 loss), ``search`` (exact chunked top-k), ``ann`` (ScaNN), ``embed``, ``evaluate`` (JSON + plots), ``callback``
 (Keras), ``plots``, ``report`` / ``cli`` (the ``report`` and ``evaluate`` commands).
 """
@@ -11,6 +12,11 @@ import importlib
 _EXPORTS = {
     "global_pr_auc": "calibration",
     "threshold_for_precision": "calibration",
+    "threshold_transfer": "transfer",
+    "per_query_thresholds": "transfer",
+    "reliability_curve": "transfer",
+    "calibration_summary": "transfer",
+    "RELIABILITY_LEVELS": "transfer",
     "recall_at_k": "retrieval",
     "recall_with_distractors": "retrieval",
     "ann_recall_loss": "retrieval",
@@ -24,6 +30,7 @@ _EXPORTS = {
     "evaluate_embeddings": "evaluate",
     "dataset_fingerprint": "evaluate",
     "RetrievalEvaluationCallback": "callback",
+    "paired_difference": "report",
 }
 
 __all__ = sorted(_EXPORTS)

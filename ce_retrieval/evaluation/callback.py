@@ -6,6 +6,13 @@ Every ``every_n_epochs`` epochs it embeds a :class:`RetrievalSplit` with ``model
 so ``History``, ``EarlyStopping`` and ``ModelCheckpoint(monitor="val_pr_auc", mode="max")`` see them -- put this
 callback *before* those in the ``callbacks`` list. With ``log_dir`` the same scalars go to TensorBoard
 (``<log_dir>/retrieval``), step = epoch (1-based).
+
+With ``pr_auc`` on it also logs ``threshold_spread`` / ``relative_threshold_spread`` (how far apart the queries'
+own best thresholds lie, see ``transfer.per_query_thresholds``); given a ``calibration_split`` too (e.g. a held-out
+part of validation) it calibrates thresholds for the precisions 0.05 ... 0.95 on that split at every evaluation
+and logs the precision they achieve on ``split`` (``achieved_precision_0.5/0.8/0.9``) and their
+``mean_calibration_error``. Figures without a value (a level unreachable on the calibration split, nothing
+predicted, no score gap) are logged as NaN.
 """
 from __future__ import annotations
 
@@ -16,13 +23,21 @@ import tensorflow as tf
 from ce_retrieval.evaluation.calibration import global_pr_auc
 from ce_retrieval.evaluation.embed import embed_split
 from ce_retrieval.evaluation.retrieval import recall_at_k
+from ce_retrieval.evaluation.transfer import (
+    RELIABILITY_LEVELS,
+    calibration_summary,
+    per_query_thresholds,
+    threshold_transfer,
+)
 
 __all__ = ["RetrievalEvaluationCallback"]
 
 
 class RetrievalEvaluationCallback(tf.keras.callbacks.Callback):
-    """Adds ``<prefix>pr_auc``, ``<prefix>average_precision``, ``<prefix>best_f1``, ``<prefix>rsum`` and
-    ``<prefix>{t2i,i2t}_r{K}`` to the logs of every ``every_n_epochs``-th epoch (and of the last one)."""
+    """Adds ``<prefix>pr_auc``, ``<prefix>average_precision``, ``<prefix>best_f1``, ``<prefix>rsum``,
+    ``<prefix>{t2i,i2t}_r{K}``, ``<prefix>threshold_spread``, ``<prefix>relative_threshold_spread`` and (with a
+    ``calibration_split``) ``<prefix>achieved_precision_{0.5,0.8,0.9}``, ``<prefix>mean_calibration_error`` to
+    the logs of every ``every_n_epochs``-th epoch (and of the last one)."""
 
     def __init__(
         self,
@@ -34,11 +49,13 @@ class RetrievalEvaluationCallback(tf.keras.callbacks.Callback):
         prefix: str = "val_",
         pr_auc: bool = True,
         verbose: int = 0,
+        calibration_split=None,
     ):
         super().__init__()
         if int(every_n_epochs) < 1:
             raise ValueError(f"every_n_epochs must be at least 1, got {every_n_epochs}")
         self.split = split
+        self.calibration_split = calibration_split
         self.every_n_epochs = int(every_n_epochs)
         self.batch_size = int(batch_size)
         self.ks = tuple(ks)
@@ -68,6 +85,17 @@ class RetrievalEvaluationCallback(tf.keras.callbacks.Callback):
         if self.pr_auc:
             cal = global_pr_auc(q, d, qi, di)
             out.update(pr_auc=cal["pr_auc"], average_precision=cal["average_precision"], best_f1=cal["best_f1"]["f1"])
+            spread = per_query_thresholds(q, d, qi, di)
+            transfer = None
+            if self.calibration_split is not None:
+                cq, cd, cqi, cdi = embed_split(text_encoder, image_encoder, self.calibration_split, self.batch_size)
+                thresholds = global_pr_auc(cq, cd, cqi, cdi, target_precisions=RELIABILITY_LEVELS)["threshold_at_precision"]
+                transfer = threshold_transfer(thresholds, q, d, qi, di)
+            figures = calibration_summary(transfer, spread)
+            keys = ["threshold_spread", "relative_threshold_spread"]
+            if transfer is not None:
+                keys = [f"achieved_precision_{c}" for c in ("0.5", "0.8", "0.9")] + ["mean_calibration_error"] + keys
+            out.update({k: float("nan") if figures[k] is None else float(figures[k]) for k in keys})
         return out
 
     def on_epoch_end(self, epoch, logs=None):

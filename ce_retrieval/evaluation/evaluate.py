@@ -6,10 +6,14 @@
 * global average precision / PR-AUC, the best-F1 threshold and the thresholds for target precisions,
 * optionally Recall@1/5/10/100 text->image with distractor images appended to the gallery,
 * optionally the recall lost by an approximate searcher,
+* each query's own best-F1 threshold and their spread (``query_thresholds``, see ``transfer``),
+* optionally, given thresholds calibrated on another split (``calibration_split``, usually validation), the
+  precision each achieves on this split (``transfer``: the promise a shipped threshold makes, checked),
 
 and, given ``output_dir``, writes ``eval_<split>.json`` (figures, config, git commit, dataset fingerprint,
 run name) and the plots (``pr_curve_<split>.png``, ``score_distribution_<split>.png``,
-``retrieval_sheet_<split>.png``). Recall and PR figures are fractions in [0, 1]; reports print percentages.
+``retrieval_sheet_<split>.png``, with calibration thresholds ``reliability_<split>.png``). Recall and PR
+figures are fractions in [0, 1]; reports print percentages.
 """
 from __future__ import annotations
 
@@ -27,6 +31,13 @@ from ce_retrieval.evaluation.calibration import global_pr_auc
 from ce_retrieval.evaluation.embed import embed_split, embed_strings
 from ce_retrieval.evaluation.retrieval import ann_recall_loss, recall_at_k, recall_with_distractors
 from ce_retrieval.evaluation.search import exact_search
+from ce_retrieval.evaluation.transfer import (
+    RELIABILITY_LEVELS,
+    calibration_summary,
+    per_query_thresholds,
+    reliability_curve,
+    threshold_transfer,
+)
 
 __all__ = ["dataset_fingerprint", "evaluate_embeddings", "evaluate_model", "git_commit"]
 
@@ -83,14 +94,25 @@ def evaluate_embeddings(
     ks=(1, 5, 10),
     distractor_ks=(1, 5, 10, 100),
     ann_search_fn=None,
+    calibration_thresholds: dict | None = None,
 ) -> dict:
-    """All metrics from embeddings: ``{"recall", "calibration", "distractors" (or None), "ann" (or None)}``."""
+    """All metrics from embeddings: ``{"recall", "calibration", "distractors" (or None), "ann" (or None),
+    "query_thresholds", "transfer" (or None)}``.
+
+    ``calibration_thresholds``: ``{precision level: score threshold or None}`` chosen on another split (its
+    ``global_pr_auc(...)["threshold_at_precision"]``); ``transfer`` is then ``threshold_transfer`` of them on
+    these embeddings.
+    """
     metrics = {
         "recall": recall_at_k(query_emb, doc_emb, query_ids, doc_ids, ks=ks),
         "calibration": global_pr_auc(query_emb, doc_emb, query_ids, doc_ids),
         "distractors": None,
         "ann": None,
+        "query_thresholds": per_query_thresholds(query_emb, doc_emb, query_ids, doc_ids),
+        "transfer": None,
     }
+    if calibration_thresholds is not None:
+        metrics["transfer"] = threshold_transfer(calibration_thresholds, query_emb, doc_emb, query_ids, doc_ids)
     if distractor_emb is not None:
         metrics["distractors"] = recall_with_distractors(query_emb, doc_emb, query_ids, doc_ids, distractor_emb, ks=distractor_ks)
     if ann_search_fn is not None:
@@ -99,7 +121,10 @@ def evaluate_embeddings(
 
 
 def summary(metrics: dict) -> dict:
-    """Flat headline figures (fractions): ``pr_auc``, ``average_precision``, ``rsum``, ``t2i_r1`` ..., ``dis_t2i_r100``."""
+    """Flat headline figures (fractions): ``pr_auc``, ``average_precision``, ``rsum``, ``t2i_r1`` ..., ``dis_t2i_r100``,
+    and (None when unavailable) ``achieved_precision_0.5/0.8/0.9``, ``achieved_recall_...``,
+    ``calibration_error_...``, ``mean_calibration_error``, ``threshold_spread``, ``relative_threshold_spread``
+    (see ``transfer.calibration_summary``)."""
     out = {
         "pr_auc": metrics["calibration"]["pr_auc"],
         "average_precision": metrics["calibration"]["average_precision"],
@@ -112,6 +137,7 @@ def summary(metrics: dict) -> dict:
     if metrics.get("distractors"):
         for k, v in metrics["distractors"]["t2i"].items():
             out[f"dis_t2i_r{k}"] = v
+    out.update(calibration_summary(metrics.get("transfer"), metrics.get("query_thresholds")))
     return out
 
 
@@ -129,6 +155,8 @@ def evaluate_model(
     ann_factory=None,
     plots: bool = True,
     num_plot_queries: int = 1000,
+    calibration_split=None,
+    calibration_thresholds: dict | None = None,
 ) -> dict:
     """Embed ``split`` with the towers, compute every metric, and (with ``output_dir``) write the JSON and plots.
 
@@ -141,18 +169,33 @@ def evaluate_model(
       config: the experiment configuration (JSON-able dict) stored with the results.
       ann_factory: optional ``doc_emb -> search_fn`` (e.g. :class:`ce_retrieval.evaluation.ann.ScannSearch`):
         an approximate index over the split's images whose Recall@K loss against exact search is reported.
+      calibration_split: a :class:`RetrievalSplit` (usually validation) on which thresholds for the precisions
+        ``RELIABILITY_LEVELS`` are calibrated (``global_pr_auc``); ``metrics["transfer"]`` reports the precision
+        they achieve on ``split`` and the JSON's ``calibration_split`` names the split (fingerprint, thresholds).
+      calibration_thresholds: the same thresholds given directly (``{level: threshold or None}``) instead.
 
     Returns the JSON document as a dict (``summary`` holds the headline figures).
     """
+    if calibration_split is not None and calibration_thresholds is not None:
+        raise ValueError("evaluate_model: give calibration_split or calibration_thresholds, not both")
     start = time.perf_counter()
     query_emb, doc_emb, query_ids, doc_ids = embed_split(text_encoder, image_encoder, split, batch_size)
     distractor_emb = None
     if distractor_images is not None and len(distractor_images):
         distractor_emb = embed_strings(image_encoder, distractor_images, batch_size)
     embed_seconds = time.perf_counter() - start
+    fingerprint = dataset_fingerprint(split)
+    seconds = {"embed": embed_seconds}
+    calibration_source = None
+    if calibration_split is not None:
+        t0 = time.perf_counter()
+        calibration_thresholds, calibration_source = _calibrate(text_encoder, image_encoder, calibration_split, batch_size)
+        calibration_source["same_as_evaluated"] = calibration_source["dataset_fingerprint"] == fingerprint
+        seconds["calibrate"] = time.perf_counter() - t0
     metrics = evaluate_embeddings(
         query_emb, doc_emb, query_ids, doc_ids, distractor_emb, ks=ks, distractor_ks=distractor_ks,
         ann_search_fn=None if ann_factory is None else ann_factory(doc_emb),
+        calibration_thresholds=calibration_thresholds,
     )
     result = {
         "schema_version": SCHEMA_VERSION,
@@ -164,17 +207,20 @@ def evaluate_model(
         "num_images": len(split.images),
         "num_distractors": 0 if distractor_emb is None else len(distractor_emb),
         "embedding_dim": int(query_emb.shape[1]),
-        "dataset_fingerprint": dataset_fingerprint(split),
+        "dataset_fingerprint": fingerprint,
+        # Where metrics["transfer"]'s thresholds come from (None: not calibrated, or thresholds given directly).
+        "calibration_split": calibration_source,
         "git_commit": git_commit(),
         "config": config,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "seconds": {"embed": embed_seconds, "total": time.perf_counter() - start},
+        "seconds": {**seconds, "total": time.perf_counter() - start},
         "files": {},
     }
     if output_dir is not None:
         os.makedirs(output_dir, exist_ok=True)
         if plots:
-            result["files"] = _write_plots(split, query_emb, doc_emb, metrics, output_dir, run_name, num_plot_queries)
+            result["files"] = _write_plots(split, query_emb, doc_emb, metrics, output_dir, run_name, num_plot_queries,
+                                           calibration_source["name"] if calibration_source else None)
         path = os.path.join(output_dir, f"eval_{_file_tag(split.name)}.json")
         with open(path, "w") as f:
             json.dump(_jsonable(result), f, indent=1)
@@ -182,7 +228,22 @@ def evaluate_model(
     return _jsonable(result)
 
 
-def _write_plots(split, query_emb, doc_emb, metrics, output_dir, run_name, num_plot_queries) -> dict:
+def _calibrate(text_encoder, image_encoder, calibration_split, batch_size) -> tuple[dict, dict]:
+    """Thresholds for ``RELIABILITY_LEVELS`` calibrated on ``calibration_split``, and a record of that split."""
+    q, d, qi, di = embed_split(text_encoder, image_encoder, calibration_split, batch_size)
+    cal = global_pr_auc(q, d, qi, di, target_precisions=RELIABILITY_LEVELS)
+    thresholds = cal["threshold_at_precision"]
+    return thresholds, {
+        "name": calibration_split.name,
+        "dataset_fingerprint": dataset_fingerprint(calibration_split),
+        "num_captions": len(calibration_split.captions),
+        "num_images": len(calibration_split.images),
+        "pr_auc": cal["pr_auc"],
+        "threshold_at_precision": thresholds,
+    }
+
+
+def _write_plots(split, query_emb, doc_emb, metrics, output_dir, run_name, num_plot_queries, calibration_name=None) -> dict:
     from ce_retrieval.evaluation import plots
 
     cal = metrics["calibration"]
@@ -204,4 +265,11 @@ def _write_plots(split, query_emb, doc_emb, metrics, output_dir, run_name, num_p
         os.path.join(output_dir, f"retrieval_sheet_{_file_tag(split.name)}.png"), threshold=threshold,
         title=f"{run_name}: lowest (top) and highest (bottom) scoring queries, {split.name}",
     )
+    if metrics.get("transfer"):
+        source = f"on {calibration_name}" if calibration_name else "elsewhere"
+        files["reliability"] = plots.plot_reliability(
+            {run_name: reliability_curve(metrics["transfer"])},
+            os.path.join(output_dir, f"reliability_{_file_tag(split.name)}.png"),
+            title=f"Thresholds calibrated {source}: promised vs achieved precision on {split.name}",
+        )
     return files

@@ -5,6 +5,9 @@
   count across the queries (90% of the queries lie between the two orange lines). A globally calibrated
   model puts the curves of all queries in the same place; otherwise they spread left and right.
 * ``plot_pr_curves`` -- Figure 4 left: global precision-recall curves of several runs, AUC in the legend.
+* ``plot_reliability`` -- does a threshold calibrated on validation keep its promise on test: promised precision
+  (the target it was chosen for) against the precision it achieves, one line per run, the diagonal y = x being
+  perfect calibration (points below it: fewer relevant results than promised).
 * ``plot_retrieval_sheet`` -- Figure 5: sample queries with their top retrieved images and scores; ground truth
   ticked, results scoring at least the calibrated threshold outlined in blue.
 """
@@ -22,7 +25,7 @@ import numpy as np  # noqa: E402
 
 from ce_retrieval.evaluation._arrays import as_embeddings  # noqa: E402
 
-__all__ = ["plot_pr_curves", "plot_retrieval_sheet", "plot_score_distributions", "select_sheet_queries"]
+__all__ = ["plot_pr_curves", "plot_reliability", "plot_retrieval_sheet", "plot_score_distributions", "select_sheet_queries"]
 
 _BLUE, _ORANGE, _GREEN = "#1f77b4", "#ff7f0e", "#2ca02c"
 
@@ -110,6 +113,47 @@ def plot_pr_curves(curves: dict, path: str, title: str = "Global precision-recal
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(loc="upper right", fontsize=8)
+    return _save(fig, path)
+
+
+def plot_reliability(
+    curves: dict,
+    path: str,
+    title: str = "Thresholds calibrated on validation: promised vs achieved precision on test",
+) -> str:
+    """Reliability diagram; returns ``path``.
+
+    ``curves``: ``{label: {"promised": [...], "achieved": [...], "std": [...] (optional)}}``, e.g.
+    ``transfer.reliability_curve(metrics["transfer"])`` or a mean over seeds with their standard deviation
+    (drawn as a shaded band). Points whose ``achieved`` is None (nothing predicted) are skipped. The legend gives
+    each run's mean |achieved - promised| over its points.
+    """
+    if not curves:
+        raise ValueError("plot_reliability: no curves given")
+    fig, ax = plt.subplots(figsize=(5.5, 5.5))
+    ax.plot([0, 1], [0, 1], color="0.4", linewidth=1, linestyle="--", label="perfectly calibrated (y = x)")
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (label, curve) in enumerate(curves.items()):
+        promised = np.asarray(curve["promised"], np.float64)
+        achieved = np.asarray([np.nan if a is None else a for a in curve["achieved"]], np.float64)
+        if len(promised) != len(achieved):
+            raise ValueError(f"plot_reliability: {label!r} has {len(promised)} promised but {len(achieved)} achieved values")
+        ok = ~np.isnan(achieved)
+        color = colors[i % len(colors)]
+        name = f"{label} (mean |error| {np.mean(np.abs(achieved[ok] - promised[ok])):.3f})" if ok.any() else f"{label} (no points)"
+        ax.plot(promised[ok], achieved[ok], color=color, marker="o", markersize=4, linewidth=1.5, label=name)
+        if curve.get("std") is not None:
+            std = np.asarray([np.nan if v is None else v for v in curve["std"]], np.float64)
+            band = ok & ~np.isnan(std)
+            ax.fill_between(promised[band], (achieved - std)[band], (achieved + std)[band], color=color, alpha=0.2, linewidth=0)
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1.02)
+    ax.set_aspect("equal")
+    ax.set_xlabel("promised precision (target of the calibrated threshold)")
+    ax.set_ylabel("achieved precision")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", fontsize=8)
     return _save(fig, path)
 
 

@@ -54,7 +54,7 @@ def test_evaluate_model_writes_json_and_plots(towers, tmp_path):
     assert doc["run_name"] == "standin" and doc["split"] == "val" and doc["config"] == {"loss": "in-batch"}
     assert doc["dataset_fingerprint"] == dataset_fingerprint(split) == result["dataset_fingerprint"]
     assert doc["num_distractors"] == 16 and doc["metrics"]["distractors"]["gallery_size"] == 32
-    q, d, qi, di = embed_split(model.text_encoder, model.image_encoder, split)
+    q, d, qi, di = embed_split(model.text_encoder, model.image_encoder, split, batch_size=7)  # the batches evaluate_model used
     recall = recall_at_k(q, d, qi, di)
     cal = global_pr_auc(q, d, qi, di)
     assert doc["summary"]["t2i_r1"] == pytest.approx(recall["t2i"][1])
