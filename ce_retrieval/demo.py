@@ -1,12 +1,17 @@
 """The main job (``ce-retrieval demo``, README's first command): train → evaluate → export → index → query.
 
-On the embedded synthetic dataset by default, a few minutes on a CPU. Each stage is the same code path the
+On the embedded synthetic dataset by default, about ten minutes on a CPU. Each stage is the same code path the
 individual commands use (``train``, ``evaluate``, ``export``, ``index``, ``query``); this module only wires
-them into one run under ``--workdir``:
+them into one run under ``--workdir``. Besides the configured model (Cross-Example Softmax by default) it trains
+a baseline the same way (``--baseline``, Sampled Softmax by default: same config, seed, data and steps; only the
+loss differs) and ends the evaluation with the two side by side: global PR-AUC, recall, and the precision that
+thresholds calibrated on the validation split actually achieve on the test split.
 
-    <workdir>/model/     trained model_dir (config.yaml, checkpoints/, logs/; resumes if interrupted)
-    <workdir>/eval/      eval_test.json + PNG plots (PR curve, score distributions, retrieval sheet)
-    <workdir>/export/    text_encoder/<v>/, image_encoder/<v>/ SavedModels + index/<v>/ (ScaNN + manifest)
+    <workdir>/model/            trained model_dir (config.yaml, checkpoints/, logs/; resumes if interrupted)
+    <workdir>/baseline/model/   the baseline, trained the same way
+    <workdir>/eval/             eval_test.json (+ baseline/eval_test.json), PNG plots (PR curves, score
+                                distributions, reliability, retrieval sheet) and calibration_side_by_side.png
+    <workdir>/export/           text_encoder/<v>/, image_encoder/<v>/ SavedModels + index/<v>/ (ScaNN + manifest)
 """
 from __future__ import annotations
 
@@ -22,6 +27,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--params_override", action="append", default=[], help="config overrides (see `train`)")
     parser.add_argument("--retrain", action="store_true", help="train again even if workdir/model is complete")
     parser.add_argument("--queries", nargs="*", default=None, help="captions to search for (default: test captions)")
+    parser.add_argument("--baseline", default="SampledSoftmax",
+                        help="loss of the comparison model trained the same way ('none' skips it)")
 
 
 def run(args) -> int:
@@ -34,7 +41,7 @@ def run(args) -> int:
     from ce_retrieval.serving.export import export_encoders
     from ce_retrieval.serving.index import build_index
     from ce_retrieval.serving.searcher import Searcher
-    from ce_retrieval.training import load_trained, train
+    from ce_retrieval.training import load_trained
     from ce_retrieval.training.cli import resolve_config
 
     t0 = time.perf_counter()
@@ -42,27 +49,44 @@ def run(args) -> int:
     model_dir, eval_dir, export_dir = (os.path.join(workdir, p) for p in ("model", "eval", "export"))
     cfg = configs.load_experiment(resolve_config(args.config), args.params_override)
 
-    _stage(1, "train", f"{cfg.name}: {cfg.loss.name} on the {cfg.data.name} dataset -> {model_dir}")
-    if args.retrain or not os.path.exists(os.path.join(model_dir, "train_summary.json")):
-        train(cfg, model_dir)
-    else:
-        print("[demo] model already trained (use --retrain to train again)")
+    baseline = None if str(args.baseline).lower() == "none" or args.baseline == cfg.loss.name else args.baseline
+    stages = 6 if baseline else 5
+    _stage(1, stages, "train", f"{cfg.name}: {cfg.loss.name} on the {cfg.data.name} dataset -> {model_dir}")
+    _train_once(cfg, model_dir, args.retrain)
+    base_cfg = None
+    if baseline:
+        base_dir = os.path.join(workdir, "baseline", "model")
+        base_cfg = configs.merge(cfg, {"loss": {"name": baseline}})
+        _stage(2, stages, "train the baseline", f"{baseline}, the same model, data, seed and steps -> {base_dir}")
+        _train_once(base_cfg, base_dir, args.retrain)
     cfg, model = load_trained(model_dir)
 
-    _stage(2, "evaluate", f"test split, {cfg.evaluation.distractors} distractors -> {eval_dir}")
+    step = 3 if baseline else 2
+    _stage(step, stages, "evaluate", f"test split, {cfg.evaluation.distractors} distractors, "
+           f"thresholds calibrated on {cfg.evaluation.split} -> {eval_dir}")
     test = data.load_retrieval_split(cfg.data, "test")
+    val = data.load_retrieval_split(cfg.data, cfg.evaluation.split)
     distractors = None
     if cfg.evaluation.distractors:
         from ce_retrieval.data.synthetic import distractor_images
 
         distractors = distractor_images(cfg.evaluation.distractors, seed=cfg.data.seed + 7919, image_size=cfg.data.image_size)
-    report = evaluate_model(
-        model.text_encoder, model.image_encoder, test, distractor_images=distractors, output_dir=eval_dir,
-        run_name=cfg.loss.name, config=configs.to_dict(cfg), batch_size=cfg.evaluation.batch_size,
-    )
+    reports = {cfg.loss.name: (model, eval_dir)}
+    if baseline:
+        _, base_model = load_trained(os.path.join(workdir, "baseline", "model"))
+        reports[baseline] = (base_model, os.path.join(eval_dir, "baseline"))
+    for name, (m, out) in reports.items():
+        reports[name] = evaluate_model(
+            m.text_encoder, m.image_encoder, test, distractor_images=distractors, output_dir=out, run_name=name,
+            config=configs.to_dict(cfg if name == cfg.loss.name else base_cfg), batch_size=cfg.evaluation.batch_size,
+            calibration_split=val,
+        )
+    report = reports[cfg.loss.name]
     _print_metrics(report)
+    if baseline:
+        side_by_side(reports, {cfg.loss.name: model, baseline: base_model}, test, eval_dir)
 
-    _stage(3, "export", f"SavedModels for TF Serving -> {export_dir}")
+    _stage(step + 1, stages, "export", f"SavedModels for TF Serving -> {export_dir}")
     paths = export_encoders(
         model.text_encoder, model.image_encoder, export_dir,
         metadata={"config": configs.to_dict(cfg), "checkpoint": getattr(model, "checkpoint_path", None)},
@@ -70,8 +94,7 @@ def run(args) -> int:
     )
     print(f"[demo] exported version {paths.version}: {paths.text_encoder}, {paths.image_encoder}")
 
-    _stage(4, "index", "ScaNN index of the test gallery, thresholds calibrated on the validation split")
-    val = data.load_retrieval_split(cfg.data, cfg.evaluation.split)
+    _stage(step + 2, stages, "index", "ScaNN index of the test gallery, thresholds calibrated on the validation split")
     val_q, val_d, val_qids, val_dids = embed_split(model.text_encoder, model.image_encoder, val)
     calibration = global_pr_auc(val_q, val_d, val_qids, val_dids)
     gallery, gallery_ids = embed_strings(model.image_encoder, test.images), test.image_ids
@@ -80,7 +103,7 @@ def run(args) -> int:
     print(f"[demo] index: {manifest.get('num_items', len(gallery_ids))} images, "
           f"thresholds {manifest.get('thresholds')}, ANN recall@10 {manifest.get('ann_recall_at_10')}")
 
-    _stage(5, "query", "the exported artefacts behind the HTTP retrieval service (POST /search on 127.0.0.1)")
+    _stage(step + 3, stages, "query", "the exported artefacts behind the HTTP retrieval service (POST /search on 127.0.0.1)")
     import httpx
 
     from ce_retrieval.serving.service import create_app, serve_in_thread
@@ -112,8 +135,59 @@ def run(args) -> int:
     return 0 if np.isfinite(report["summary"]["pr_auc"]) else 1
 
 
-def _stage(i: int, name: str, what: str) -> None:
-    print(f"\n=== [{i}/5] {name}: {what}", flush=True)
+def _stage(i: int, total: int, name: str, what: str) -> None:
+    print(f"\n=== [{i}/{total}] {name}: {what}", flush=True)
+
+
+def _train_once(cfg, model_dir: str, retrain: bool) -> None:
+    from ce_retrieval.training import train
+
+    if retrain or not os.path.exists(os.path.join(model_dir, "train_summary.json")):
+        train(cfg, model_dir)
+    else:
+        print(f"[demo] {model_dir}: already trained (use --retrain to train again)")
+
+
+def _fmt(value, pct: bool = True) -> str:
+    if value is None:
+        return "-"
+    return f"{100 * value:.1f}" if pct else f"{value:.3f}"
+
+
+def side_by_side(reports: dict, models: dict, test, eval_dir: str) -> str:
+    """Prints the runs' calibration and recall next to each other and writes ``calibration_side_by_side.png``."""
+    from ce_retrieval.evaluation.embed import embed_split
+    from ce_retrieval.evaluation.plots import plot_score_separation, pooled_pair_scores
+
+    names = list(reports)
+    rows = [("global PR-AUC (%)", "pr_auc", True), ("text->image R@1 (%)", "t2i_r1", True),
+            ("text->image R@10 (%)", "t2i_r10", True), ("image->text R@1 (%)", "i2t_r1", True)]
+    rows += [(f"precision at the val threshold for {p:g} (%)", f"achieved_precision_{p:g}", True) for p in (0.5, 0.8, 0.9)]
+    rows.insert(5, ("  recall at that threshold (%)", "achieved_recall_0.5", True))
+    rows += [("mean |achieved - promised| (points)", "mean_calibration_error", True),
+             ("relative spread of per-query thresholds", "relative_threshold_spread", False)]
+    width = max(len(r[0]) for r in rows)
+    print("\n[demo] calibration, side by side (test split; thresholds chosen on the validation split):")
+    print("  " + " " * width + "".join(f"{n:>28s}" for n in names))
+    for label, key, pct in rows:
+        print("  " + label.ljust(width) + "".join(f"{_fmt(reports[n]['summary'].get(key), pct):>28s}" for n in names))
+    for n in names:
+        transfer = (reports[n]["metrics"].get("transfer") or {})
+        levels = transfer.get("levels") or {}
+        reached = sum(v is not None for v in levels.values())
+        print(f"  {n}: {reached} of {len(levels)} precision levels (0.05 ... 0.95) reachable on validation")
+    runs = {}
+    for n in names:
+        q, d, qi, di = embed_split(models[n].text_encoder, models[n].image_encoder, test)
+        pos, neg = pooled_pair_scores(q, d, qi, di)
+        s = reports[n]["summary"]
+        thr = (reports[n].get("calibration_split") or {}).get("threshold_at_precision") or {}
+        runs[n] = {"positives": pos, "negatives": neg, "thresholds": {k: thr.get(k) for k in ("0.5", "0.9")},
+                   "note": f"PR-AUC {_fmt(s['pr_auc'])}%, R@1 {_fmt(s['t2i_r1'])}%"}
+    path = plot_score_separation(runs, os.path.join(eval_dir, "calibration_side_by_side.png"),
+                                 title="Test split: every caption x image pair, relevant vs irrelevant")
+    print(f"[demo] side-by-side plot: {path}")
+    return path
 
 
 def _sample_captions(split, n: int, seed: int) -> list[str]:

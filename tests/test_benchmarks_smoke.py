@@ -3,6 +3,9 @@ registered loss gets a row and a finite ratio, so a new loss cannot silently bre
 import importlib.util
 import math
 import pathlib
+import sys
+
+import pytest
 
 from ce_retrieval import losses
 
@@ -12,6 +15,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 def _load(name):
     spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve their annotations through sys.modules
     spec.loader.exec_module(module)
     return module
 
@@ -33,3 +37,25 @@ def test_dml_pairs_benchmark_runs(capsys, monkeypatch):
     bench.main()
     out = capsys.readouterr().out
     assert "TripletLoss(all)" in out and "AngularLoss(+npair)" in out
+
+
+@pytest.mark.slow
+def test_paper_tables_smoke_writes_every_artefact(tmp_path):
+    """``benchmarks/paper_tables.py --smoke``: every stage (features, six objectives x 2 seeds, paired CE - SS,
+    both sweeps, the figures) on tiny sizes."""
+    import json
+
+    bench = _load("paper_tables")
+    assert bench.main(["--smoke", "--out", str(tmp_path)]) == 0
+    table = (tmp_path / "table.md").read_text()
+    for loss in bench.PAPER_LOSSES:
+        assert f"| {loss} | 2 |" in table, loss
+    assert "CrossExampleSoftmax − SampledSoftmax | global PR-AUC" in table
+    assert "CE gain against global batch size" in table and "CE gain against logit scale" in table
+    for name in ("curves", "reliability", "separation", "sweep_batch", "sweep_scale"):
+        assert (tmp_path / f"{name}.png").stat().st_size > 5_000, name
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["paired"]["CrossExampleSoftmax-SampledSoftmax:pr_auc"]["n"] == 2
+    run = json.loads((tmp_path / "runs" / "CrossExampleSoftmax-seed0.json").read_text())
+    assert run["curve"]["step"] == [10, 20] and run["config"]["train"]["batch_size"] == 64
+    assert "transfer" in run["metrics"] and run["summary"]["threshold_spread"] is not None

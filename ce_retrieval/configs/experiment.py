@@ -41,6 +41,7 @@ class TrainConfig:
     mixed_precision: str = "auto"  # auto: mixed_bfloat16 on TPU, mixed_float16 on GPU, float32 on CPU
     jit_compile: bool = False
     seed: int = 0
+    deterministic: bool = True  # tf.config.experimental.enable_op_determinism(): same seed, same model (slower on GPU)
     backup_every_steps: int = 50  # BackupAndRestore frequency (resume after a kill loses at most this many steps)
     keep_checkpoints: int = 3
     tensorboard_update_freq: int = 20

@@ -8,6 +8,9 @@
 * ``plot_reliability`` -- does a threshold calibrated on validation keep its promise on test: promised precision
   (the target it was chosen for) against the precision it achieves, one line per run, the diagonal y = x being
   perfect calibration (points below it: fewer relevant results than promised).
+* ``plot_score_separation`` -- the calibration argument in one picture: for each run, side by side, the
+  distribution of the scores of all relevant pairs against that of all irrelevant pairs, pooled over every
+  query. A global threshold can only work where the two separate *across* queries, not just within each one.
 * ``plot_retrieval_sheet`` -- Figure 5: sample queries with their top retrieved images and scores; ground truth
   ticked, results scoring at least the calibrated threshold outlined in blue.
 """
@@ -25,7 +28,15 @@ import numpy as np  # noqa: E402
 
 from ce_retrieval.evaluation._arrays import as_embeddings  # noqa: E402
 
-__all__ = ["plot_pr_curves", "plot_reliability", "plot_retrieval_sheet", "plot_score_distributions", "select_sheet_queries"]
+__all__ = [
+    "pooled_pair_scores",
+    "plot_pr_curves",
+    "plot_reliability",
+    "plot_retrieval_sheet",
+    "plot_score_distributions",
+    "plot_score_separation",
+    "select_sheet_queries",
+]
 
 _BLUE, _ORANGE, _GREEN = "#1f77b4", "#ff7f0e", "#2ca02c"
 
@@ -154,6 +165,58 @@ def plot_reliability(
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", fontsize=8)
+    return _save(fig, path)
+
+
+def pooled_pair_scores(query_emb, doc_emb, query_ids, doc_ids, max_negatives: int = 2_000_000, seed: int = 0):
+    """``(positive_scores, negative_scores)`` over all query x document pairs, pooled across queries.
+
+    Every positive is kept; negatives are a uniform sample of at most ``max_negatives`` (streamed in row blocks,
+    so memory stays bounded for large galleries)."""
+    q = as_embeddings(query_emb, "query_emb")
+    d = as_embeddings(doc_emb, "doc_emb")
+    qids, dids = np.asarray(query_ids), np.asarray(doc_ids)
+    keep = min(1.0, max_negatives / max(1, len(q) * len(d)))
+    rng = np.random.default_rng(seed)
+    chunk = max(1, (1 << 22) // len(d))
+    pos, neg = [], []
+    for r0 in range(0, len(q), chunk):
+        s = q[r0 : r0 + chunk] @ d.T
+        match = qids[r0 : r0 + chunk, None] == dids[None, :]
+        pos.append(s[match])
+        n = s[~match]
+        neg.append(n if keep >= 1.0 else n[rng.random(len(n)) < keep])
+    return np.concatenate(pos), np.concatenate(neg)
+
+
+def plot_score_separation(runs: dict, path: str, title: str = "Scores of all relevant vs all irrelevant pairs") -> str:
+    """One panel per run, side by side on a shared score axis; returns ``path``.
+
+    ``runs``: ``{label: {"positives": [...], "negatives": [...], "thresholds": {"0.9": score or None, ...}
+    (optional), "note": str (optional)}}``. Each class is drawn as a density (each integrates to 1; log scale, so
+    the tail of negatives that reaches the positives stays visible), with the thresholds as vertical lines.
+    """
+    if not runs:
+        raise ValueError("plot_score_separation: no runs given")
+    lo = min(float(np.min(r["negatives"])) for r in runs.values())
+    hi = max(float(np.max(r["positives"])) for r in runs.values())
+    edges = np.linspace(lo, max(hi, lo + 1e-6), 81)
+    fig, axes = plt.subplots(1, len(runs), figsize=(5.2 * len(runs), 4.2), sharex=True, sharey=True, squeeze=False)
+    for ax, (label, run) in zip(axes[0], runs.items(), strict=True):
+        pos, neg = np.asarray(run["positives"], np.float64), np.asarray(run["negatives"], np.float64)
+        ax.hist(neg, bins=edges, density=True, color=_BLUE, alpha=0.55, label=f"irrelevant pairs ({len(neg):,})")
+        ax.hist(pos, bins=edges, density=True, color=_ORANGE, alpha=0.65, label=f"relevant pairs ({len(pos):,})")
+        styles = iter([":", "--", "-."])
+        for level, t in sorted((run.get("thresholds") or {}).items(), key=lambda kv: float(kv[0])):
+            if t is not None:
+                ax.axvline(t, color="k", linewidth=1, linestyle=next(styles, ":"), label=f"threshold for precision {level}")
+        ax.set_yscale("log")
+        ax.set_xlabel("similarity score")
+        ax.set_title(f"{label}" + (f"\n{run['note']}" if run.get("note") else ""), fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper left", fontsize=7)
+    axes[0][0].set_ylabel("density (log scale)")
+    fig.suptitle(title, fontsize=11, y=1.04)
     return _save(fig, path)
 
 

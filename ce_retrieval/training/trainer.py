@@ -76,6 +76,10 @@ def train(cfg, model_dir: str, extra_callbacks=(), print_fn=print) -> dict:
     policy = distribute.precision_policy(cfg.train, strategy)
     tf.keras.mixed_precision.set_global_policy(policy)
     tf.keras.utils.set_random_seed(cfg.train.seed)
+    if cfg.train.deterministic:
+        # Same seed, same weights: ops pick deterministic kernels and tf.data keeps its order (process-wide).
+        tf.config.experimental.enable_op_determinism()
+        tf.random.set_global_generator(tf.random.Generator.from_seed(cfg.train.seed))  # keras-cv draws from it
 
     model_dir = os.path.abspath(model_dir)
     out_dir = distribute.worker_dir(model_dir)

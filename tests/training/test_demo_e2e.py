@@ -1,5 +1,5 @@
-"""The README's main job (``ce-retrieval demo``) end to end on a tiny config: train -> evaluate -> export ->
-index -> query through the HTTP service, in a fresh process."""
+"""The README's main job (``ce-retrieval demo``) end to end on a tiny config: train (and the Sampled Softmax
+baseline) -> evaluate side by side -> export -> index -> query through the HTTP service, in a fresh process."""
 import json
 import os
 import subprocess
@@ -21,11 +21,16 @@ def test_demo_runs_every_stage(tmp_path):
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout
-    for stage in ("[1/5] train", "[2/5] evaluate", "[3/5] export", "[4/5] index", "[5/5] query"):
+    for stage in ("[1/6] train", "[2/6] train the baseline", "[3/6] evaluate", "[4/6] export", "[5/6] index", "[6/6] query"):
         assert stage in out
+    assert "calibration, side by side" in out and "SampledSoftmax" in out and "CrossExampleSoftmax" in out
+    assert (workdir / "eval" / "calibration_side_by_side.png").stat().st_size > 10_000
+    baseline = json.loads((workdir / "eval" / "baseline" / "eval_test.json").read_text())
+    assert baseline["run_name"] == "SampledSoftmax" and baseline["config"]["loss"]["name"] == "SampledSoftmax"
     assert "GET /healthz -> 200" in out and '"a red circle"' in out and "1. image" in out
     report = json.loads((workdir / "eval" / "eval_test.json").read_text())
     assert 0.0 <= report["summary"]["pr_auc"] <= 1.0 and report["num_distractors"] == 10
+    assert report["calibration_split"]["name"].endswith("val") and "transfer" in report["metrics"]
     assert (workdir / "export" / "text_encoder" / "1" / "saved_model.pb").exists()
     assert (workdir / "export" / "image_encoder" / "1" / "saved_model.pb").exists()
     assert (workdir / "export" / "index" / "1").is_dir()
