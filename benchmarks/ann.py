@@ -24,8 +24,8 @@ import numpy as np  # noqa: E402
 from scann.scann_ops.py import scann_ops_pybind  # noqa: E402,F401  (import before BLAS work; see gallery.py)
 
 import ce_retrieval  # noqa: E402,F401  (legacy Keras before TensorFlow, which ScaNN imports)
-from ce_retrieval.serving.gallery import exact_topk  # noqa: E402
-from ce_retrieval.serving.index import IndexParams, _build_scann, default_params  # noqa: E402
+from ce_retrieval.evaluation.ann import IndexParams, build_scann, default_params  # noqa: E402
+from ce_retrieval.evaluation.search import exact_search  # noqa: E402
 from ce_retrieval.serving.partitions import build_partitions, threshold_search  # noqa: E402
 
 
@@ -77,15 +77,15 @@ def main():
 
     data = clustered(args.n + args.queries, args.dim, args.clusters, args.spread, seed=0)
     x, q = data[:args.n], data[args.n:]
-    (truth, _), t_exact = timed(exact_topk, q, x, 10)
+    (truth, _), t_exact = timed(exact_search, q, x, 10)
     exact_qps = len(q) / t_exact
-    exact_single = single_latency(lambda v: exact_topk(v[None], x, 10), q, min(args.single, 50))
+    exact_single = single_latency(lambda v: exact_search(v[None], x, 10), q, min(args.single, 50))
     rows.append({"method": "exact numpy", "setting": "chunked matmul", "recall@10": 1.0, "qps": exact_qps,
                  "p50_ms": exact_single[0], "p99_ms": exact_single[1], "build_s": 0.0})
     print(f"exact: {exact_qps:.1f} q/s batched", flush=True)
 
     p = default_params(args.n, IndexParams())
-    searcher, t_build = timed(_build_scann, x, p)
+    searcher, t_build = timed(build_scann, x, p)
     info["scann_params"] = {"num_leaves": p.num_leaves, "reorder": p.reorder_num_neighbors,
                             "training_sample_size": p.training_sample_size}
     for leaves in sorted({max(1, round(p.num_leaves * f)) for f in (0.005, 0.01, 0.02, 0.04, 0.07, 0.1, 0.2, 0.3)}):
@@ -149,7 +149,7 @@ def main():
     order, parts = build_partitions(x, p.num_leaves)
     xs = x[order]
     qs = q[:200]
-    (_, s100), _ = timed(exact_topk, qs, x, 100)
+    (_, s100), _ = timed(exact_search, qs, x, 100)
     tau = float(np.median(s100[:, -1]))
     (r_part, _, scored), t_part = timed(threshold_search, qs, xs, tau, parts)
     (r_brute, _, _), t_brute = timed(threshold_search, qs, xs, tau, None)

@@ -57,6 +57,19 @@ def relevance_for(settings: dict, n: int) -> tf.Tensor:
     block = tf.range(n) // per_class
     return tf.cast(tf.equal(block[:, None], block[None, :]), tf.float32)
 
+def make_inputs(loss, settings: dict, n: int, dim: int, seed: int):
+    """(queries, documents, relevance): documents near their queries (positives score higher, as in training).
+    A loss that ``needs_gram`` gets one embedding set (documents = queries) in pairs of one class, self-pairs
+    ignored."""
+    gen = tf.random.Generator.from_seed(seed)
+    queries = gen.normal([n, dim])
+    if loss.needs_gram:
+        pair = tf.range(n) // 2
+        same = tf.cast(tf.equal(pair[:, None], pair[None, :]), tf.float32)
+        return queries, queries, tf.linalg.set_diag(same, -tf.ones([n]))
+    return queries, queries + 0.5 * gen.normal([n, dim]), relevance_for(settings, n)
+
+
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -92,10 +105,7 @@ def prepare(name: str, n: int, dim: int, mode: str, seed: int):
     if settings.get("max_n") is not None and n > settings["max_n"]:
         return None, settings.get("reason", f"N > {settings['max_n']}")
     loss = losses.get(name, **settings.get("kwargs", {}))
-    gen = tf.random.Generator.from_seed(seed)
-    queries = gen.normal([n, dim])
-    documents = queries + 0.5 * gen.normal([n, dim])  # positives score higher, as during training
-    relevance = relevance_for(settings, n)
+    queries, documents, relevance = make_inputs(loss, settings, n, dim, seed)
     step = make_step(loss, mode)
 
     def run():
@@ -132,9 +142,7 @@ def child_peak_memory(name: str, n: int, dim: int, mode: str, seed: int) -> floa
     """Run in a fresh process: peak RSS (MiB) of two steps above the RSS after the inputs are built."""
     settings = settings_for(name)
     loss = losses.get(name, **settings.get("kwargs", {}))
-    gen = tf.random.Generator.from_seed(seed)
-    queries, relevance = gen.normal([n, dim]), relevance_for(settings, n)
-    documents = queries + 0.5 * gen.normal([n, dim])
+    queries, documents, relevance = make_inputs(loss, settings, n, dim, seed)
     step = make_step(loss, mode)
     before = _rss_bytes()
     for _ in range(2):

@@ -16,10 +16,10 @@ import time
 
 def run_one(loss: str, kwargs: dict, seed: int, steps: int, out: str, rerun: bool) -> str:
     from ce_retrieval import configs, data
+    from ce_retrieval.cli.train import resolve_config
     from ce_retrieval.data.synthetic import distractor_images
     from ce_retrieval.evaluation.evaluate import evaluate_model
     from ce_retrieval.training import load_trained, train
-    from ce_retrieval.training.cli import resolve_config
 
     run_dir = os.path.join(out, "runs", f"{loss}-seed{seed}")
     result = os.path.join(run_dir, "eval", "eval_test.json")
@@ -30,7 +30,8 @@ def run_one(loss: str, kwargs: dict, seed: int, steps: int, out: str, rerun: boo
     per_epoch = min(steps, 500)
     cfg = configs.merge(cfg, {
         "data": {"num_train_images": 20000},
-        "loss": {"name": loss, "kwargs": {"scale": 20.0, **kwargs}},
+        "model": {"logit_scale": 20.0},
+        "loss": {"name": loss, "kwargs": dict(kwargs)},
         "train": {"seed": seed, "verbose": 0, "batch_size": 512, "steps_per_epoch": per_epoch,
                   "epochs": max(1, steps // per_epoch)},
         "evaluation": {"every_n_epochs": 0},

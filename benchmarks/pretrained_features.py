@@ -71,7 +71,7 @@ def scene_attributes(scene) -> np.ndarray:
 
 def _demo_config(fc: FeatureConfig):
     from ce_retrieval import configs
-    from ce_retrieval.training.cli import resolve_config
+    from ce_retrieval.cli.train import resolve_config
 
     cfg = configs.load_experiment(resolve_config("synthetic_demo"), [])
     return configs.merge(cfg, {"data": {

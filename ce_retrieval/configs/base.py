@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import tempfile
 import types
 import typing
 from typing import Any, TypeVar
 
 import yaml
+
+from ce_retrieval.utils.atomic import atomic_write_text
 
 T = TypeVar("T")
 
@@ -117,13 +117,8 @@ def load_yaml(cls: type[T], path: str, overrides: list[str] | None = None) -> T:
 
 
 def save_yaml(cfg, path: str) -> None:
-    """Writes the config atomically (temporary file + rename)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".config-", suffix=".yaml")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        yaml.safe_dump(to_dict(cfg), f, sort_keys=False)
-    os.replace(tmp, path)
+    """Writes the config atomically (:func:`ce_retrieval.utils.atomic.atomic_write_text`)."""
+    atomic_write_text(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
 
 # ----------------------------------------------------------------------------------------------- internals

@@ -17,15 +17,12 @@ PRECISIONS = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
 
 @dataclasses.dataclass
 class LossConfig:
-    """Which loss trains the model: any class of ``ce_retrieval.losses`` by name, with constructor kwargs."""
+    """Which loss trains the model: any registered class of ``ce_retrieval.losses`` by name, and its
+    hyper-parameters except λ (λ is ``model.logit_scale``; :class:`ce_retrieval.tasks.RetrievalTask` builds the
+    loss and gives it λ)."""
 
     name: str = "CrossExampleSoftmax"
     kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-    def build(self):
-        from ce_retrieval import losses
-
-        return losses.get(self.name, **self.kwargs)
 
 
 @dataclasses.dataclass

@@ -16,6 +16,8 @@ import dataclasses
 import hashlib
 import json
 
+from ce_retrieval.configs.base import from_dict
+
 SOURCES = ("synthetic", "karpathy", "cc_tsv", "tfrecord")
 SPLITS = ("train", "val", "test")
 
@@ -76,10 +78,11 @@ class DataConfig:
     vocab_size: int = 8000
 
     def __post_init__(self):
+        # Nested mappings (e.g. from ``dataclasses.asdict``) are built by the one config-from-dict, strictly.
         if isinstance(self.tsv_path, dict):
-            self.tsv_path = SplitPaths(**self.tsv_path)
+            self.tsv_path = from_dict(SplitPaths, self.tsv_path, "tsv_path")
         if isinstance(self.tfrecord_pattern, dict):
-            self.tfrecord_pattern = SplitPaths(**self.tfrecord_pattern)
+            self.tfrecord_pattern = from_dict(SplitPaths, self.tfrecord_pattern, "tfrecord_pattern")
         if self.name not in SOURCES:
             raise ValueError(f"DataConfig.name must be one of {SOURCES}, got {self.name!r}")
         if self.tsv_image_id not in ("row", "hash"):

@@ -15,6 +15,7 @@ from ce_retrieval.data import synthetic
 from ce_retrieval.data.config import SPLITS, DataConfig, SplitPaths
 from ce_retrieval.data.schema import CAPTION, IMAGE, IMAGE_ID
 from ce_retrieval.data.tfrecords import write_tfrecords
+from ce_retrieval.utils.atomic import atomic_write_bytes, atomic_write_text
 
 FORMATS = ("karpathy", "cc_tsv", "tfrecord")
 
@@ -24,10 +25,10 @@ def _image_name(image_id: int) -> str:
 
 
 def _write_images(data: synthetic.SyntheticSplit, folder: str) -> None:
-    os.makedirs(folder, exist_ok=True)
+    # Each image appears whole or not at all; no fsync per image (thousands of files), the index that names
+    # them is written (and fsynced) after them.
     for image, image_id in zip(data.images, data.image_ids.tolist(), strict=True):
-        with open(os.path.join(folder, _image_name(image_id)), "wb") as f:
-            f.write(image)
+        atomic_write_bytes(os.path.join(folder, _image_name(image_id)), image, fsync=False)
 
 
 def export_synthetic(cfg: DataConfig, out_dir: str, fmt: str = "karpathy", num_shards: int = 2) -> DataConfig:
@@ -50,17 +51,16 @@ def export_synthetic(cfg: DataConfig, out_dir: str, fmt: str = "karpathy", num_s
                     "sentences": [{"raw": c, "tokens": c.split()} for c in captions],
                 })
         index = os.path.join(out_dir, "dataset_synthetic.json")
-        with open(index, "w", encoding="utf-8") as f:
-            json.dump({"dataset": "synthetic", "images": entries}, f)
+        atomic_write_text(index, json.dumps({"dataset": "synthetic", "images": entries}))
         return DataConfig(name="karpathy", karpathy_json=index, image_root=out_dir, **keep)
     if fmt == "cc_tsv":
         paths = {}
         for split, data in splits.items():
             _write_images(data, os.path.join(out_dir, "images"))
             paths[split] = os.path.join(out_dir, f"{split}.tsv")
-            with open(paths[split], "w", encoding="utf-8") as f:
-                for image_id, captions in zip(data.image_ids.tolist(), data.captions, strict=True):
-                    f.writelines(f"{c}\t{_image_name(image_id)}\n" for c in captions)
+            atomic_write_text(paths[split], "".join(f"{c}\t{_image_name(image_id)}\n" for image_id, captions
+                                                    in zip(data.image_ids.tolist(), data.captions, strict=True)
+                                                    for c in captions))
         return DataConfig(name="cc_tsv", tsv_path=SplitPaths(**paths), tsv_image_root=os.path.join(out_dir, "images"),
                           tsv_image_id="hash", **keep)
     patterns = {}

@@ -7,7 +7,6 @@ of one image may share a batch; the relevance matrix is built from ``image_id``,
 from __future__ import annotations
 
 import os
-import shutil
 
 import numpy as np
 import tensorflow as tf
@@ -15,6 +14,7 @@ import tensorflow as tf
 from ce_retrieval.data import synthetic
 from ce_retrieval.data.config import SPLITS, DataConfig
 from ce_retrieval.data.schema import CAPTION, IMAGE, IMAGE_ID, RetrievalSplit
+from ce_retrieval.utils.atomic import atomic_path
 
 
 def _check_split(split: str) -> None:
@@ -108,7 +108,8 @@ def vocab_path_for(cfg: DataConfig, workdir: str) -> str:
     if cfg.vocab_path:
         vocab.read_vocab(cfg.vocab_path)
         if os.path.abspath(cfg.vocab_path) != os.path.abspath(path):
-            shutil.copyfile(cfg.vocab_path, path)
+            with atomic_path(path) as tmp:  # a crash mid-copy must not leave a partial vocab to be reused
+                tf.io.gfile.copy(cfg.vocab_path, tmp, overwrite=True)
         return path
     tokens = vocab.build_vocab(training_captions(cfg), vocab_size=cfg.vocab_size)
     return vocab.write_vocab(tokens, path)

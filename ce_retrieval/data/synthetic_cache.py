@@ -14,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from ce_retrieval.data import synthetic
+from ce_retrieval.utils.atomic import atomic_path
 
 _SPEC = {
     "image": tf.io.FixedLenFeature([], tf.string),
@@ -27,9 +28,8 @@ def cache_path(cfg, split: str) -> str:
 
 
 def _write(data: synthetic.SyntheticSplit, path: str) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with tf.io.TFRecordWriter(tmp) as writer:
+    # atomic: concurrent readers never see a partial file
+    with atomic_path(path) as tmp, tf.io.TFRecordWriter(tmp) as writer:
         for image, image_id, captions in zip(data.images, data.image_ids.tolist(), data.captions, strict=True):
             feature = {
                 "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[image])),
@@ -37,7 +37,6 @@ def _write(data: synthetic.SyntheticSplit, path: str) -> None:
                 "captions": tf.train.Feature(bytes_list=tf.train.BytesList(value=[c.encode() for c in captions])),
             }
             writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
-    os.replace(tmp, path)  # atomic: concurrent readers never see a partial file
 
 
 def _read(path: str, split: str) -> synthetic.SyntheticSplit:

@@ -12,8 +12,8 @@ record once (caption UTF-8 and non-empty, image decodable) in a Python scan, the
 """
 from __future__ import annotations
 
+import contextlib
 import glob
-import os
 from collections.abc import Iterable
 
 import numpy as np
@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from ce_retrieval.data.report import DataError, LoadReport, caption_problem, image_problem
 from ce_retrieval.data.schema import CAPTION, IMAGE, IMAGE_ID
+from ce_retrieval.utils.atomic import atomic_path
 
 FEATURE_SPEC = {
     CAPTION: tf.io.FixedLenFeature([], tf.string),
@@ -54,23 +55,20 @@ def write_tfrecords(examples: Iterable[dict] | tf.data.Dataset, path_pattern: st
     (a path prefix). With ``validate`` a bad caption or image raises :class:`DataError`. Returns the shard paths."""
     if num_shards < 1:
         raise ValueError(f"num_shards must be >= 1, got {num_shards}")
-    os.makedirs(os.path.dirname(os.path.abspath(path_pattern)), exist_ok=True)
     paths = shard_paths(path_pattern, num_shards)
-    tmp_paths = [p + ".tmp" for p in paths]
-    writers = [tf.io.TFRecordWriter(p) for p in tmp_paths]
-    try:
-        for i, example in enumerate(examples):
-            caption, image = _as_bytes(example[CAPTION]), _as_bytes(example[IMAGE])
-            if validate:
-                problem = caption_problem(caption) or image_problem(image)
-                if problem:
-                    raise DataError(f"write_tfrecords: example {i}: {problem}")
-            writers[i % num_shards].write(serialize_example(caption, image, example[IMAGE_ID]))
-    finally:
-        for w in writers:
-            w.close()
-    for tmp, final in zip(tmp_paths, paths, strict=True):
-        os.replace(tmp, final)
+    with contextlib.ExitStack() as shards:  # every shard is renamed into place only if all were written
+        writers = [tf.io.TFRecordWriter(shards.enter_context(atomic_path(p))) for p in paths]
+        try:
+            for i, example in enumerate(examples):
+                caption, image = _as_bytes(example[CAPTION]), _as_bytes(example[IMAGE])
+                if validate:
+                    problem = caption_problem(caption) or image_problem(image)
+                    if problem:
+                        raise DataError(f"write_tfrecords: example {i}: {problem}")
+                writers[i % num_shards].write(serialize_example(caption, image, example[IMAGE_ID]))
+        finally:
+            for w in writers:
+                w.close()
     return paths
 
 

@@ -8,12 +8,14 @@ stripping, punctuation splitting), so a tokenizer built from the file sees exact
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 
 import tensorflow as tf
 
+from ce_retrieval.utils.atomic import atomic_write_text
+
 RESERVED_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+REQUIRED_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]")  # looked up by name by the tokenizer and the BERT packer
 TOKENIZER_PARAMS = {"lower_case": True}
 
 
@@ -43,22 +45,37 @@ def build_vocab(corpus: Iterable[str] | tf.data.Dataset, vocab_size: int = 8000,
 
 
 def write_vocab(vocab: list[str], path: str) -> str:
-    """Write one token per line (UTF-8); the parent folder is created. Returns ``path``."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.writelines(token + "\n" for token in vocab)
-    os.replace(tmp, path)
+    """Write one token per line (UTF-8), atomically; the parent folder is created. Returns ``path``."""
+    atomic_write_text(path, "".join(token + "\n" for token in vocab))
     return path
 
 
 def read_vocab(path: str) -> list[str]:
-    """Tokens of a vocab file, validated to start with the BERT special tokens."""
-    with open(path, encoding="utf-8") as f:
-        vocab = [line.rstrip("\n") for line in f]
-    if vocab[: len(RESERVED_TOKENS)] != list(RESERVED_TOKENS):
-        raise ValueError(f"{path}: a vocab must start with {RESERVED_TOKENS}, got {vocab[:len(RESERVED_TOKENS)]}")
+    """The tokens of a WordPiece vocab file (line number = token id), validated; the one reader of vocab files
+    (the data pipeline's and the text tower's).
+
+    The rule: lines are read with ``tf.io.gfile`` (local or remote paths) and stripped of ``\\n`` / ``\\r\\n``
+    line ends (as the tower's ``tf.lookup.TextFileInitializer`` reads them); an empty line is an error (that
+    initializer refuses one, a blank last line included).
+    The tokens the tokenizer and the BERT packer look up by name, :data:`REQUIRED_TOKENS` (``[PAD] [UNK] [CLS]
+    [SEP]``), must be present, anywhere: a vocab built here starts with :data:`RESERVED_TOKENS`, a pretrained
+    BERT ``vocab.txt`` (TF-Hub exports, Model Garden checkpoints) has ``[PAD]`` at 0 and ``[UNK] [CLS] [SEP]``
+    after its ``[unusedN]`` tokens, and both are valid. Tokens must be unique (a repeated one would map two ids
+    to one string). Raises ``FileNotFoundError`` for a missing file, ``ValueError`` otherwise.
+    """
+    if not path or not tf.io.gfile.exists(path):
+        raise FileNotFoundError(f"WordPiece vocab file not found: {path!r}")
+    with tf.io.gfile.GFile(path, "r") as f:
+        vocab = [line.rstrip("\n").rstrip("\r") for line in f]
+    empty = [i + 1 for i, token in enumerate(vocab) if not token]
+    if empty:
+        raise ValueError(f"{path}: empty line(s) {empty[:5]} in vocab (a token per line, no blank lines)")
+    missing = [t for t in REQUIRED_TOKENS if t not in vocab]
+    if missing:
+        raise ValueError(
+            f"{path}: lacks the special tokens {missing}; a vocab must start with {RESERVED_TOKENS} (as one built by "
+            f"build_vocab does) or at least contain {REQUIRED_TOKENS} (as a pretrained BERT vocab.txt does)"
+        )
     if len(set(vocab)) != len(vocab):
         raise ValueError(f"{path}: duplicate tokens in vocab")
     return vocab

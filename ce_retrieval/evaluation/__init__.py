@@ -1,48 +1,51 @@
 """ce_retrieval.evaluation: top-k relevancy (Recall@K) and threshold relevancy (global PR-AUC) of two towers.
 
-Metrics take embeddings + ids (NumPy or tensors) and need only NumPy; the names below are imported on first
-use, so ``from ce_retrieval.evaluation import global_pr_auc`` does not load TensorFlow or matplotlib.
-See docs in each module: ``calibration`` (exact streamed PR-AUC), ``transfer`` (do thresholds calibrated on one
-split keep their precision on another; per-query threshold spread), ``retrieval`` (Recall@K, distractors, ANN
-loss), ``search`` (exact chunked top-k), ``ann`` (ScaNN), ``embed``, ``evaluate`` (JSON + plots), ``callback``
-(Keras), ``plots``, ``report`` / ``cli`` (the ``report`` and ``evaluate`` commands).
+Metrics take embeddings + ids (NumPy or tensors). See docs in each module: ``calibration`` (exact streamed
+PR-AUC), ``transfer`` (do thresholds calibrated on one split keep their precision on another; per-query threshold
+spread), ``retrieval`` (Recall@K, distractors, ANN loss), ``search`` (exact chunked top-k), ``ann`` (ScaNN),
+``labelled`` (Recall@K, MAP@R, NMI of labelled embeddings), ``embed``, ``evaluate`` (JSON + plots), ``callback``
+and ``labelled_callback`` (Keras), ``plots``, ``report`` (tables of evaluation JSONs). The ``evaluate`` and
+``report`` commands are in :mod:`ce_retrieval.cli`.
 """
-import importlib
+from ce_retrieval.evaluation.ann import ScannSearch
+from ce_retrieval.evaluation.calibration import global_pr_auc, threshold_for_precision
+from ce_retrieval.evaluation.callback import RetrievalEvaluationCallback
+from ce_retrieval.evaluation.embed import embed_split, embed_strings
+from ce_retrieval.evaluation.evaluate import dataset_fingerprint, evaluate_embeddings, evaluate_model
+from ce_retrieval.evaluation.labelled import labelled_retrieval_metrics
+from ce_retrieval.evaluation.labelled_callback import LabelledRetrievalCallback
+from ce_retrieval.evaluation.report import paired_difference
+from ce_retrieval.evaluation.retrieval import ann_recall_loss, recall_at_k, recall_with_distractors
+from ce_retrieval.evaluation.search import ExactSearch, exact_search
+from ce_retrieval.evaluation.transfer import (
+    RELIABILITY_LEVELS,
+    calibration_summary,
+    per_query_thresholds,
+    reliability_curve,
+    threshold_transfer,
+)
 
-_EXPORTS = {
-    "global_pr_auc": "calibration",
-    "threshold_for_precision": "calibration",
-    "threshold_transfer": "transfer",
-    "per_query_thresholds": "transfer",
-    "reliability_curve": "transfer",
-    "calibration_summary": "transfer",
-    "RELIABILITY_LEVELS": "transfer",
-    "recall_at_k": "retrieval",
-    "recall_with_distractors": "retrieval",
-    "ann_recall_loss": "retrieval",
-    "hits_at_k": "retrieval",
-    "exact_search": "search",
-    "ExactSearch": "search",
-    "ScannSearch": "ann",
-    "embed_split": "embed",
-    "embed_strings": "embed",
-    "evaluate_model": "evaluate",
-    "evaluate_embeddings": "evaluate",
-    "dataset_fingerprint": "evaluate",
-    "RetrievalEvaluationCallback": "callback",
-    "paired_difference": "report",
-}
-
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name):
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_EXPORTS))
+__all__ = [
+    "RELIABILITY_LEVELS",
+    "ExactSearch",
+    "LabelledRetrievalCallback",
+    "RetrievalEvaluationCallback",
+    "ScannSearch",
+    "ann_recall_loss",
+    "calibration_summary",
+    "dataset_fingerprint",
+    "embed_split",
+    "embed_strings",
+    "evaluate_embeddings",
+    "evaluate_model",
+    "exact_search",
+    "global_pr_auc",
+    "labelled_retrieval_metrics",
+    "paired_difference",
+    "per_query_thresholds",
+    "recall_at_k",
+    "recall_with_distractors",
+    "reliability_curve",
+    "threshold_for_precision",
+    "threshold_transfer",
+]

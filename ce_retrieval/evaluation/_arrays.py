@@ -33,12 +33,17 @@ def as_ids(x, n: int, name: str) -> np.ndarray:
     return arr
 
 
+def check_same_dim(q: np.ndarray, d: np.ndarray) -> None:
+    """A ValueError unless the query and document embeddings have the same width."""
+    if q.shape[1] != d.shape[1]:
+        raise ValueError(f"query_emb has dimension {q.shape[1]} but doc_emb has dimension {d.shape[1]}")
+
+
 def check_pair(query_emb, doc_emb, query_ids, doc_ids):
     """Validated ``(Q, D, query_ids, doc_ids)``: float32 embeddings of one width and matching id vectors."""
     q = as_embeddings(query_emb, "query_emb")
     d = as_embeddings(doc_emb, "doc_emb")
-    if q.shape[1] != d.shape[1]:
-        raise ValueError(f"query_emb has dimension {q.shape[1]} but doc_emb has dimension {d.shape[1]}")
+    check_same_dim(q, d)
     if len(q) == 0 or len(d) == 0:
         raise ValueError(f"need at least one query and one document, got {len(q)} queries and {len(d)} documents")
     qi = as_ids(query_ids, len(q), "query_ids")
@@ -58,6 +63,23 @@ def positive_pairs(query_ids: np.ndarray, doc_ids: np.ndarray) -> tuple[np.ndarr
     first = np.repeat(np.cumsum(count) - count, count)
     cols = order[np.repeat(start, count) + (np.arange(len(rows), dtype=np.int64) - first)]
     return rows, cols.astype(np.int64)
+
+
+def required_positive_pairs(query_ids: np.ndarray, doc_ids: np.ndarray, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`positive_pairs`, or a ValueError naming ``where`` when there are none (the pair metrics need one)."""
+    rows, cols = positive_pairs(query_ids, doc_ids)
+    if len(rows) == 0:
+        raise ValueError(f"{where}: no query shares an id with any document, so there are no positive pairs")
+    return rows, cols
+
+
+def block_rows(block_size, num_cols: int, block_elements: int) -> int:
+    """Query rows per score block: ``block_size`` when given (a positive number), else about ``block_elements``
+    scores' worth (:func:`rows_per_block`)."""
+    rows = int(block_size) if block_size else rows_per_block(num_cols, block_elements)
+    if rows < 1:
+        raise ValueError(f"block_size must be a positive number of rows, got {block_size}")
+    return rows
 
 
 def rows_per_block(num_cols: int, block_elements: int) -> int:

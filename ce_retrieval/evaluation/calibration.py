@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ce_retrieval.evaluation._arrays import check_pair, positive_pairs, rows_per_block
+from ce_retrieval.evaluation._arrays import block_rows, check_pair, required_positive_pairs
 
 __all__ = ["global_pr_auc", "threshold_for_precision"]
 
@@ -247,15 +247,11 @@ def global_pr_auc(
     n, m = len(q), len(d)
     if num_bins is not None and int(num_bins) < 2:
         raise ValueError(f"num_bins must be at least 2, got {num_bins}")
-    rows = int(block_size) if block_size else rows_per_block(m, DEFAULT_BLOCK_ELEMENTS)
-    if rows < 1:
-        raise ValueError(f"block_size must be a positive number of rows, got {block_size}")
+    rows = block_rows(block_size, m, DEFAULT_BLOCK_ELEMENTS)
     dt = np.ascontiguousarray(d.T)
 
-    pos_rows, pos_cols = positive_pairs(qids, dids)
+    pos_rows, pos_cols = required_positive_pairs(qids, dids, "global_pr_auc")
     num_pos = len(pos_rows)
-    if num_pos == 0:
-        raise ValueError("global_pr_auc: no query shares an id with any document, so there are no positive pairs")
     num_neg = n * m - num_pos
 
     threads = int(num_threads) if num_threads else min(4, os.cpu_count() or 1)

@@ -38,6 +38,7 @@ from ce_retrieval.evaluation.transfer import (
     reliability_curve,
     threshold_transfer,
 )
+from ce_retrieval.utils.atomic import atomic_write_text
 
 __all__ = ["dataset_fingerprint", "evaluate_embeddings", "evaluate_model", "git_commit"]
 
@@ -222,8 +223,7 @@ def evaluate_model(
             result["files"] = _write_plots(split, query_emb, doc_emb, metrics, output_dir, run_name, num_plot_queries,
                                            calibration_source["name"] if calibration_source else None)
         path = os.path.join(output_dir, f"eval_{_file_tag(split.name)}.json")
-        with open(path, "w") as f:
-            json.dump(_jsonable(result), f, indent=1)
+        atomic_write_text(path, json.dumps(_jsonable(result), indent=1))
         result["files"]["json"] = path
     return _jsonable(result)
 

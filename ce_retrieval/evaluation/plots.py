@@ -27,6 +27,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from ce_retrieval.evaluation._arrays import as_embeddings  # noqa: E402
+from ce_retrieval.utils.atomic import atomic_path  # noqa: E402
 
 __all__ = [
     "pooled_pair_scores",
@@ -42,10 +43,25 @@ _BLUE, _ORANGE, _GREEN = "#1f77b4", "#ff7f0e", "#2ca02c"
 
 
 def _save(fig, path: str) -> str:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=110, bbox_inches="tight",
+                        format=os.path.splitext(path)[1][1:] or plt.rcParams["savefig.format"])
+    finally:
+        plt.close(fig)
     return path
+
+
+def _finish_unit_square(ax, xlabel: str, ylabel: str, title: str, legend_loc: str) -> None:
+    """Axes of a precision plot: both axes over [0, 1] (a little headroom for precision 1), labels, title, grid,
+    legend."""
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(loc=legend_loc, fontsize=8)
 
 
 def score_histograms(query_emb, doc_emb, num_queries: int = 1000, num_bins: int = 100, seed: int = 0):
@@ -117,13 +133,7 @@ def plot_pr_curves(curves: dict, path: str, title: str = "Global precision-recal
         for j, run in enumerate(runs):
             ax.plot(run["recall"], run["precision"], color=colors[i % len(colors)], linewidth=1.5,
                     alpha=1.0 if len(runs) == 1 else 0.6, label=name if j == 0 else None)
-    ax.set_xlim(0, 1)
-    ax.set_ylim(0, 1.02)
-    ax.set_xlabel("recall")
-    ax.set_ylabel("precision")
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="upper right", fontsize=8)
+    _finish_unit_square(ax, "recall", "precision", title, legend_loc="upper right")
     return _save(fig, path)
 
 
@@ -157,14 +167,9 @@ def plot_reliability(
             std = np.asarray([np.nan if v is None else v for v in curve["std"]], np.float64)
             band = ok & ~np.isnan(std)
             ax.fill_between(promised[band], (achieved - std)[band], (achieved + std)[band], color=color, alpha=0.2, linewidth=0)
-    ax.set_xlim(0, 1)
-    ax.set_ylim(0, 1.02)
     ax.set_aspect("equal")
-    ax.set_xlabel("promised precision (target of the calibrated threshold)")
-    ax.set_ylabel("achieved precision")
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="upper left", fontsize=8)
+    _finish_unit_square(ax, "promised precision (target of the calibrated threshold)", "achieved precision", title,
+                        legend_loc="upper left")
     return _save(fig, path)
 
 

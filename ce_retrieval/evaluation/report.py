@@ -1,4 +1,4 @@
-"""``ce-retrieval report a.json b.json ...``: evaluation JSONs side by side in the layout of the paper's Table 1.
+"""Evaluation JSONs side by side in the layout of the paper's Table 1 (the ``ce-retrieval report`` command).
 
 Rows are runs (files sharing a ``run_name`` are seeds of one run: the cell shows mean ± sample standard
 deviation over them); columns are PR AUC, text->image Recall@1/5/10 on the test set, Recall@1/5/10/100 with
@@ -16,13 +16,11 @@ all runs (mean over seeds, band = standard deviation). When runs named ``CrossEx
 from __future__ import annotations
 
 import json
-import sys
 import warnings
 
 import numpy as np
 
 __all__ = [
-    "add_arguments",
     "format_markdown",
     "format_paired",
     "format_table",
@@ -30,7 +28,7 @@ __all__ = [
     "load_results",
     "paired_difference",
     "plot_reliability_report",
-    "run",
+    "plot_report",
 ]
 
 _TEST = [("pr_auc", "PR AUC"), ("t2i_r1", "@1"), ("t2i_r5", "@5"), ("t2i_r10", "@10")]
@@ -267,26 +265,3 @@ def plot_report(results: list[dict], path: str) -> str:
         raise SystemExit("report: no PR curves in the given files")
     return plot_pr_curves(curves, path)
 
-
-def add_arguments(parser) -> None:
-    parser.add_argument("files", nargs="+", help="eval_<split>.json files written by `ce-retrieval evaluate`")
-    parser.add_argument("--markdown", default=None, help="also write the table as Markdown to this file")
-    parser.add_argument("--plot", default=None, help="also write the PR curves of all runs to this PNG")
-    parser.add_argument("--reliability", default=None,
-                        help="also write promised vs achieved precision of all runs (calibration transfer) to this PNG")
-
-
-def run(args) -> int:
-    results = load_results(args.files)
-    print(format_table(results))
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(format_markdown(results))
-        print(f"wrote {args.markdown}", file=sys.stderr)
-    if args.plot:
-        plot_report(results, args.plot)
-        print(f"wrote {args.plot}", file=sys.stderr)
-    if args.reliability:
-        plot_reliability_report(results, args.reliability)
-        print(f"wrote {args.reliability}", file=sys.stderr)
-    return 0

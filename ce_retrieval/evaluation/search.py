@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ce_retrieval.evaluation._arrays import as_embeddings, rows_per_block
+from ce_retrieval.evaluation._arrays import as_embeddings, check_same_dim, rows_per_block
 
 __all__ = ["ExactSearch", "exact_search"]
 
@@ -49,35 +49,14 @@ def _merge(idx_a, val_a, idx_b, val_b, k):
 
 def exact_search(query_emb, doc_emb, k: int, block_elements: int = DEFAULT_BLOCK_ELEMENTS):
     """Exact top-``k`` documents per query: ``(indices [N, k'] int64, scores [N, k'] float32)``, ``k' = min(k, M)``."""
-    q = as_embeddings(query_emb, "query_emb")
-    d = as_embeddings(doc_emb, "doc_emb")
-    if q.shape[1] != d.shape[1]:
-        raise ValueError(f"query_emb has dimension {q.shape[1]} but doc_emb has dimension {d.shape[1]}")
-    if int(k) < 1:
-        raise ValueError(f"k must be at least 1, got {k}")
-    n, m = len(q), len(d)
-    k = min(int(k), m)
-    indices = np.empty((n, k), np.int64)
-    scores = np.empty((n, k), np.float32)
-    if n == 0:
-        return indices, scores
-    # Column blocks only when a single row of scores exceeds the budget; each keeps at least k columns.
-    cols = m if m <= block_elements else max(k, int(block_elements))
-    rows = rows_per_block(cols, block_elements)
-    dt = np.ascontiguousarray(d.T)
-    for r0 in range(0, n, rows):
-        r1 = min(n, r0 + rows)
-        best = None
-        for c0 in range(0, m, cols):
-            c1 = min(m, c0 + cols)
-            cand = _top_k_block(q[r0:r1] @ dt[:, c0:c1], min(k, c1 - c0), c0)
-            best = cand if best is None else _merge(*best, *cand, k)
-        indices[r0:r1], scores[r0:r1] = best
-    return indices, scores
+    return ExactSearch(doc_emb, block_elements)(query_emb, k)
 
 
 class ExactSearch:
-    """A search function over a fixed gallery: ``ExactSearch(doc_emb)(query_emb, k) -> (indices, scores)``."""
+    """A search function over a fixed gallery: ``ExactSearch(doc_emb)(query_emb, k) -> (indices, scores)``.
+
+    The gallery is checked (and converted to float32) once, here, not at every call: the project's one exact
+    top-k (the serving index uses it for brute-force galleries and exact fallbacks)."""
 
     def __init__(self, doc_emb, block_elements: int = DEFAULT_BLOCK_ELEMENTS):
         self.doc_emb = as_embeddings(doc_emb, "doc_emb")
@@ -87,4 +66,28 @@ class ExactSearch:
         return len(self.doc_emb)
 
     def __call__(self, query_emb, k: int):
-        return exact_search(query_emb, self.doc_emb, k, self.block_elements)
+        q = as_embeddings(query_emb, "query_emb")
+        d = self.doc_emb
+        check_same_dim(q, d)
+        if int(k) < 1:
+            raise ValueError(f"k must be at least 1, got {k}")
+        n, m = len(q), len(d)
+        k = min(int(k), m)
+        indices = np.empty((n, k), np.int64)
+        scores = np.empty((n, k), np.float32)
+        if n == 0:
+            return indices, scores
+        # Column blocks only when a single row of scores exceeds the budget; each keeps at least k columns.
+        block_elements = self.block_elements
+        cols = m if m <= block_elements else max(k, block_elements)
+        rows = rows_per_block(cols, block_elements)
+        for r0 in range(0, n, rows):
+            r1 = min(n, r0 + rows)
+            best = None
+            for c0 in range(0, m, cols):
+                c1 = min(m, c0 + cols)
+                # d[c0:c1].T is a view: BLAS reads the transpose in place, the gallery is never copied
+                cand = _top_k_block(q[r0:r1] @ d[c0:c1].T, min(k, c1 - c0), c0)
+                best = cand if best is None else _merge(*best, *cand, k)
+            indices[r0:r1], scores[r0:r1] = best
+        return indices, scores

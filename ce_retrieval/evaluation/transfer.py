@@ -35,7 +35,7 @@ import math
 
 import numpy as np
 
-from ce_retrieval.evaluation._arrays import check_pair, positive_pairs, rows_per_block
+from ce_retrieval.evaluation._arrays import block_rows, check_pair, required_positive_pairs
 from ce_retrieval.evaluation.calibration import DEFAULT_BLOCK_ELEMENTS
 
 __all__ = [
@@ -100,13 +100,6 @@ def _blocks(n: int, rows: int, pos_rows: np.ndarray):
     return [(r0, min(n, r0 + rows), int(starts[b]), int(starts[b + 1])) for b, r0 in enumerate(range(0, n, rows))]
 
 
-def _rows(block_size, m: int) -> int:
-    rows = int(block_size) if block_size else rows_per_block(m, DEFAULT_BLOCK_ELEMENTS)
-    if rows < 1:
-        raise ValueError(f"block_size must be a positive number of rows, got {block_size}")
-    return rows
-
-
 def threshold_transfer(thresholds, query_emb, doc_emb, query_ids, doc_ids, block_size: int | None = None) -> dict:
     """The precision each calibrated threshold achieves on this split, counted exactly over all pairs.
 
@@ -128,11 +121,9 @@ def threshold_transfer(thresholds, query_emb, doc_emb, query_ids, doc_ids, block
     levels = _parse_levels(thresholds)
     q, d, qids, dids = check_pair(query_emb, doc_emb, query_ids, doc_ids)
     n, m = len(q), len(d)
-    rows = _rows(block_size, m)
-    pos_rows, pos_cols = positive_pairs(qids, dids)
+    rows = block_rows(block_size, m, DEFAULT_BLOCK_ELEMENTS)
+    pos_rows, pos_cols = required_positive_pairs(qids, dids, "threshold_transfer")
     num_pos = len(pos_rows)
-    if num_pos == 0:
-        raise ValueError("threshold_transfer: no query shares an id with any document, so there are no positive pairs")
 
     cuts = np.unique(np.array([_float32_ceil(t) for _, _, t in levels if t is not None], np.float32))
     k = len(cuts)
@@ -225,11 +216,9 @@ def per_query_thresholds(
     """
     q, d, qids, dids = check_pair(query_emb, doc_emb, query_ids, doc_ids)
     n, m = len(q), len(d)
-    rows = _rows(block_size, m)
-    pos_rows, pos_cols = positive_pairs(qids, dids)
+    rows = block_rows(block_size, m, DEFAULT_BLOCK_ELEMENTS)
+    pos_rows, pos_cols = required_positive_pairs(qids, dids, "per_query_thresholds")
     num_pos = len(pos_rows)
-    if num_pos == 0:
-        raise ValueError("per_query_thresholds: no query shares an id with any document, so there are no positive pairs")
     dt = np.ascontiguousarray(d.T)
     best_t = np.full(n, np.nan, np.float32)
     best_f1 = np.full(n, np.nan, np.float64)

@@ -1,11 +1,17 @@
-"""The one loss contract of ce_retrieval (shared/spec/losses.md).
+"""The one loss contract of ce_retrieval (docs/losses.md).
 
 Every objective maps a similarity matrix ``S = y_pred`` of shape ``[N, M]`` (rows: queries, columns:
 documents) and a relevance matrix ``R = y_true`` of the same shape (1 positive, 0 negative, -1 ignored) to a
-scalar: the mean over positive pairs of a per-pair term. Subclasses implement :meth:`RetrievalLoss.compute`
-on float32 tensors that have already been validated; this base class owns everything else:
+scalar: the mean over positive pairs of a per-pair term. Each family's mathematics is a plain function
+``fn(relevance, scores, **hyper) -> scalar`` in its module (exported, validated, by
+:mod:`ce_retrieval.losses.functional`); a Keras class names it as its ``function`` and its constructor arguments
+are the function's hyper-parameters, so :meth:`RetrievalLoss.compute` calls ``function(relevance, scores,
+**hyperparameters())`` and :meth:`RetrievalLoss.get_config` is read off the constructor's signature (no
+hand-written config). A subclass may override ``compute`` instead (on float32 tensors already validated). This
+base class owns everything else:
 
-* validation with clear errors (rank, shape, relevance values, no positive pair, non-finite scores),
+* validation with clear errors (rank, shape, dtype, relevance values, no positive pair, non-finite scores and,
+  for a loss that ``needs_gram``, a similarity matrix that is not the Gram matrix of one embedding set),
   statically where shapes are known and with ``tf.debugging`` asserts at run time (eager and graph mode;
   XLA compiles asserts out, so under ``jit_compile=True`` only the static checks remain);
 * float32 computation whatever the input dtype (float16/bfloat16 mixed precision);
@@ -22,11 +28,14 @@ of the replicas' local losses. The reduction is therefore fixed to ``SUM`` (Kera
 """
 from __future__ import annotations
 
+import inspect
+
 import tensorflow as tf
 
-from ce_retrieval.losses.registry import register
-
-RELEVANT, IRRELEVANT, IGNORED = 1.0, 0.0, -1.0
+from ce_retrieval.losses._masked import mean_over_positives
+from ce_retrieval.losses._similarity import require_gram
+from ce_retrieval.losses.registry import default_name, register
+from ce_retrieval.losses.relevance import IGNORED, IRRELEVANT, RELEVANT
 
 
 def replica_scale() -> float | tf.Tensor:
@@ -38,12 +47,13 @@ def replica_scale() -> float | tf.Tensor:
     return 1.0 / n if n > 1 else 1.0
 
 
-def validate_similarity_inputs(y_true, y_pred, name: str = "loss"):
+def validate_similarity_inputs(y_true, y_pred, name: str = "loss", gram: bool = False):
     """Checks and casts ``(y_true, y_pred)``; returns float32 ``(relevance, scores)``.
 
-    Raises ``ValueError`` for problems visible in static shapes, and adds run-time asserts that raise
+    Raises ``ValueError`` for problems visible in static shapes and dtypes, and adds run-time asserts that raise
     ``tf.errors.InvalidArgumentError`` for: relevance values outside {-1, 0, 1}, no positive pair, non-finite
-    scores, and shape mismatches only known at run time.
+    scores, and shape mismatches only known at run time. ``gram=True`` also requires ``y_pred`` to be the Gram
+    matrix of one embedding set (square, symmetric, unit diagonal: ``_similarity.require_gram``).
     """
     y_pred = tf.convert_to_tensor(y_pred)
     y_true = tf.convert_to_tensor(y_true)
@@ -86,19 +96,48 @@ def validate_similarity_inputs(y_true, y_pred, name: str = "loss"):
         ),
     ]
     with tf.control_dependencies(checks):
-        return tf.identity(relevance), tf.identity(scores)
+        relevance, scores = tf.identity(relevance), tf.identity(scores)
+    if gram:
+        scores = require_gram(scores, name)
+    return relevance, scores
 
 
 class RetrievalLoss(tf.keras.losses.Loss):
-    """Base class: validation, float32, bidirectional averaging, replica scaling. See module docstring."""
+    """Base class: validation, float32, bidirectional averaging, replica scaling, config. See module docstring."""
 
+    #: The family's loss function ``fn(relevance, scores, **hyperparameters()) -> scalar`` that ``compute`` calls.
+    function = None
+    #: Keras ``name`` when none is given; ``None``: the snake-cased class name (``registry.default_name``).
+    default_name: str | None = None
     #: Subclasses that may be applied to S^T set this to True to expose ``bidirectional=``.
     supports_bidirectional = True
+
+    # Declared capabilities: what the retrieval task (``ce_retrieval.tasks``) reads to wire a loss into a model;
+    # nothing is found by ``getattr``.
+    #: λ (the logit scale, ``l = λ·S``) is a constructor argument; see :meth:`logit_scale_kwargs`.
+    has_logit_scale: bool = False
+    #: the columns of S are learned class proxies (or centres), not documents of the batch.
+    needs_proxies: bool = False
+    #: holds a training-step variable ``step`` that :class:`~ce_retrieval.losses.AnnealingStepCallback` advances.
+    annealed: bool = False
+    #: S must be the Gram matrix X·Xᵀ of one embedding set (the two-tower task passes the joint Gram matrix of
+    #: [text; image] embeddings).
+    needs_gram: bool = False
+
+    @classmethod
+    def logit_scale_kwargs(cls, scale: float) -> dict:
+        """Constructor kwargs that give this loss the logit scale λ = ``scale`` ({} for a loss without one)."""
+        return {"scale": float(scale)} if cls.has_logit_scale else {}
+
+    @property
+    def logit_scale(self) -> float | None:
+        """The λ this instance multiplies S by, or None for a loss without a logit scale."""
+        return float(self.scale) if self.has_logit_scale else None
 
     def __init__(self, bidirectional: bool = False, name: str | None = None, reduction=None, **kwargs):
         if bidirectional and not self.supports_bidirectional:
             raise ValueError(f"{type(self).__name__} does not support bidirectional=True")
-        super().__init__(name=name or _snake(type(self).__name__), reduction=tf.keras.losses.Reduction.SUM, **kwargs)
+        super().__init__(name=name or default_name(type(self)), reduction=tf.keras.losses.Reduction.SUM, **kwargs)
         self.bidirectional = bool(bidirectional)
 
     def __call__(self, y_true, y_pred, sample_weight=None):
@@ -113,47 +152,57 @@ class RetrievalLoss(tf.keras.losses.Loss):
     # of a loss's trace time.
     @tf.autograph.experimental.do_not_convert
     def call(self, y_true, y_pred):
-        relevance, scores = validate_similarity_inputs(y_true, y_pred, self.name)
+        relevance, scores = validate_similarity_inputs(y_true, y_pred, self.name, gram=self.needs_gram)
         value = self.compute(relevance, scores)
         if self.bidirectional:
             value = 0.5 * (value + self.compute(tf.transpose(relevance), tf.transpose(scores)))
         return value * replica_scale()
 
     def compute(self, relevance: tf.Tensor, scores: tf.Tensor) -> tf.Tensor:
-        """Scalar float32 loss for validated ``relevance`` and ``scores`` (both float32 ``[N, M]``)."""
-        raise NotImplementedError
+        """Scalar float32 loss for validated ``relevance`` and ``scores`` (both float32 ``[N, M]``): the class's
+        ``function`` with this instance's hyper-parameters. Override it for a loss without such a function."""
+        if type(self).function is None:
+            raise NotImplementedError(f"{type(self).__name__} defines neither `function` nor `compute`")
+        return type(self).function(relevance, scores, **self.function_kwargs())
+
+    def function_kwargs(self) -> dict:
+        """The keyword arguments ``compute`` gives ``function``: the hyper-parameters, unless a class maps them
+        (an annealed loss passes its current λ instead of its schedule)."""
+        return self.hyperparameters()
+
+    @classmethod
+    def hyperparameter_names(cls) -> tuple[str, ...]:
+        """The named arguments of the constructor, less ``name``, ``bidirectional`` and ``reduction``: the
+        hyper-parameters, each stored under its own name on the instance."""
+        return tuple(
+            p.name
+            for p in inspect.signature(cls.__init__).parameters.values()
+            if p.name not in ("self", "name", "bidirectional", "reduction")
+            and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+        )
+
+    def hyperparameters(self) -> dict:
+        """``{argument: value}`` for every hyper-parameter of :meth:`hyperparameter_names`."""
+        return {key: getattr(self, key) for key in self.hyperparameter_names()}
 
     def get_config(self):
+        """``name``, ``bidirectional`` (where supported) and every hyper-parameter: exactly the constructor's
+        arguments, so ``type(loss).from_config(loss.get_config())`` rebuilds the loss."""
         config = super().get_config()
         config.pop("reduction", None)
         if self.supports_bidirectional:
             config["bidirectional"] = self.bidirectional
+        config.update(self.hyperparameters())
         return config
 
 
-def mean_over_positives(per_pair: tf.Tensor, relevance: tf.Tensor) -> tf.Tensor:
-    """Mean of ``per_pair[i, j]`` over positive pairs (relevance == 1); masked entries may be anything finite."""
-    positive = tf.cast(relevance == RELEVANT, per_pair.dtype)
-    total = tf.reduce_sum(tf.where(positive > 0, per_pair, tf.zeros_like(per_pair)))
-    return total / tf.maximum(tf.reduce_sum(positive), 1.0)
-
-
-def _snake(name: str) -> str:
-    out = []
-    for i, ch in enumerate(name):
-        if ch.isupper() and i and not name[i - 1].isupper():
-            out.append("_")
-        out.append(ch.lower())
-    return "".join(out)
-
-
 __all__ = [
-    "RELEVANT",
-    "IRRELEVANT",
     "IGNORED",
+    "IRRELEVANT",
+    "RELEVANT",
     "RetrievalLoss",
     "mean_over_positives",
+    "register",
     "replica_scale",
     "validate_similarity_inputs",
-    "register",
 ]

@@ -9,38 +9,44 @@ positives, 1/|N| on negatives (each half of the batch weighs the same):
 Defaults alpha = 2, beta = 0.5, C = 25 (the values used for this loss in Ustinova & Lempitsky 2016's
 comparison, citing Yi et al.). The reduction is the paper's W (a batch-level mean of each part), not a
 mean over positive pairs only. No pytorch-metric-learning / TF-Similarity counterpart; tests use NumPy.
+
+Each term reads one entry ``s_ij`` (``needs_gram`` is false). Functional core: :func:`binomial_deviance`.
 """
 from __future__ import annotations
 
 import tensorflow as tf
 
-from ce_retrieval.losses._pairs import masked_mean, pair_masks
+from ce_retrieval.losses._masked import masked_mean, pair_masks
 from ce_retrieval.losses.base import RetrievalLoss
 from ce_retrieval.losses.registry import register
+
+
+def _check(alpha, beta, negative_cost, owner: str):
+    if alpha <= 0 or negative_cost <= 0:
+        raise ValueError(f"{owner}: alpha and negative_cost must be > 0, got {alpha}, {negative_cost}")
+    return float(alpha), float(beta), float(negative_cost)
+
+
+def binomial_deviance(relevance, scores, alpha: float = 2.0, beta: float = 0.5, negative_cost: float = 25.0):
+    """Yi et al. (2014): ``mean_P softplus(-a(s-b)) + mean_N softplus(a C (s-b))``."""
+    alpha, beta, negative_cost = _check(alpha, beta, negative_cost, "binomial_deviance")
+    positive, negative = pair_masks(relevance)
+    shifted = alpha * (scores - beta)
+    return masked_mean(tf.nn.softplus(-shifted), positive) + masked_mean(
+        tf.nn.softplus(negative_cost * shifted), negative
+    )
 
 
 @register
 class BinomialDevianceLoss(RetrievalLoss):
     """Yi et al. (2014): ``mean_P softplus(-a(s-b)) + mean_N softplus(a C (s-b))``; see module docstring."""
 
+    function = binomial_deviance
+
     def __init__(self, alpha: float = 2.0, beta: float = 0.5, negative_cost: float = 25.0, **kwargs):
-        if alpha <= 0 or negative_cost <= 0:
-            raise ValueError(f"BinomialDevianceLoss: alpha and negative_cost must be > 0, got {alpha}, {negative_cost}")
+        alpha, beta, negative_cost = _check(alpha, beta, negative_cost, "BinomialDevianceLoss")
         super().__init__(**kwargs)
-        self.alpha, self.beta, self.negative_cost = float(alpha), float(beta), float(negative_cost)
-
-    @tf.autograph.experimental.do_not_convert  # no tensor-dependent Python control flow: skip autograph
-    def compute(self, relevance, scores):
-        positive, negative = pair_masks(relevance)
-        shifted = self.alpha * (scores - self.beta)
-        return masked_mean(tf.nn.softplus(-shifted), positive) + masked_mean(
-            tf.nn.softplus(self.negative_cost * shifted), negative
-        )
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(alpha=self.alpha, beta=self.beta, negative_cost=self.negative_cost)
-        return config
+        self.alpha, self.beta, self.negative_cost = alpha, beta, negative_cost
 
 
 __all__ = ["BinomialDevianceLoss"]

@@ -11,37 +11,42 @@ computable in ``O(NC)``. This loss returns the bracket averaged over positive (e
 i.e. ``L_u / (N' N)``: the constant ``N' = 3(C−1)(N/C − 1)N/C`` only rescales the learning rate.
 ``C − 1`` is the number of negative columns of the row (relevance 0). Distances are **not** squared:
 ``‖f − c‖ = sqrt(2 − 2 cos)`` for unit vectors (``similarity='cosine'``) or ``sqrt(−S)``.
+
+Only row ``i`` (an example against every centroid) is read; the columns are centroids (``needs_proxies``), so
+no Gram matrix is needed (``needs_gram`` is false). Functional core: :func:`centroid_upper_bound`.
 """
 from __future__ import annotations
 
 import tensorflow as tf
 
-from ce_retrieval.losses._metric import check_similarity, squared_distance
-from ce_retrieval.losses.base import IRRELEVANT, RetrievalLoss, mean_over_positives
+from ce_retrieval.losses._masked import mean_over_positives
+from ce_retrieval.losses._similarity import check_similarity, distance
+from ce_retrieval.losses.base import RetrievalLoss
 from ce_retrieval.losses.registry import register
+from ce_retrieval.losses.relevance import IRRELEVANT
+
+
+def centroid_upper_bound(relevance, scores, similarity: str = "cosine", epsilon: float = 1e-12):
+    """The bracket of ``L_u`` (module docstring), mean over positive (example, centroid) pairs."""
+    dist = distance(scores, "euclidean", check_similarity(similarity, "centroid_upper_bound"), float(epsilon))
+    negative = tf.cast(relevance == IRRELEVANT, tf.float32)
+    num_neg = tf.reduce_sum(negative, axis=1, keepdims=True)
+    mean_neg = tf.reduce_sum(dist * negative, axis=1, keepdims=True) / tf.maximum(num_neg, 1.0)
+    return mean_over_positives(dist - mean_neg / 3.0, relevance)
 
 
 @register
 class CentroidUpperBoundLoss(RetrievalLoss):
     """Triplet upper bound through fixed centroids; see the module docstring."""
 
+    function = centroid_upper_bound
     supports_bidirectional = False
-    requires_proxies = True
+    needs_proxies = True
 
     def __init__(self, similarity: str = "cosine", epsilon: float = 1e-12, **kwargs):
         super().__init__(**kwargs)
         self.similarity = check_similarity(similarity, "CentroidUpperBoundLoss")
         self.epsilon = float(epsilon)
-
-    def compute(self, relevance, scores):
-        dist = tf.sqrt(tf.maximum(squared_distance(scores, self.similarity), self.epsilon))  # [N, C]
-        negative = tf.cast(relevance == IRRELEVANT, tf.float32)
-        num_neg = tf.reduce_sum(negative, axis=1, keepdims=True)
-        mean_neg = tf.reduce_sum(dist * negative, axis=1, keepdims=True) / tf.maximum(num_neg, 1.0)
-        return mean_over_positives(dist - mean_neg / 3.0, relevance)
-
-    def get_config(self):
-        return {**super().get_config(), "similarity": self.similarity, "epsilon": self.epsilon}
 
 
 __all__ = ["CentroidUpperBoundLoss"]

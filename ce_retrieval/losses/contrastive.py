@@ -12,40 +12,48 @@ about ``(P - 1) K / (K - 1)``; ``balanced=True`` instead returns mean(positive t
 (the per-part reduction of pytorch-metric-learning's ``ContrastiveLoss``). Default margin 1.0 (``s = 0.5``).
 pytorch-metric-learning's ``ContrastiveLoss`` uses un-squared hinges ``[d - m_pos]_+ + [m_neg - d]_+``, so
 its values differ from the paper's; tests compare against a NumPy transcription of the equation above.
+
+Each term reads one entry ``s_ij`` (``needs_gram`` is false). Functional core: :func:`contrastive`.
 """
 from __future__ import annotations
 
 import tensorflow as tf
 
-from ce_retrieval.losses._pairs import distance_from_similarity, masked_mean, pair_masks
+from ce_retrieval.losses._masked import masked_mean, pair_masks
+from ce_retrieval.losses._similarity import distance, squared_distance
 from ce_retrieval.losses.base import RetrievalLoss
 from ce_retrieval.losses.registry import register
+
+
+def _check_margin(margin, owner: str) -> float:
+    if not margin > 0:
+        raise ValueError(f"{owner}: margin must be > 0, got {margin}")
+    return float(margin)
+
+
+def contrastive(relevance, scores, margin: float = 1.0, balanced: bool = False):
+    """Hadsell et al. (2006): ``1/2 d^2`` for positives, ``1/2 [m - d]_+^2`` for negatives (module docstring)."""
+    margin = _check_margin(margin, "contrastive")
+    positive, negative = pair_masks(relevance)
+    pull = 0.5 * squared_distance(scores)
+    push = 0.5 * tf.square(tf.nn.relu(margin - distance(scores, "euclidean")))
+    if balanced:
+        return masked_mean(pull, positive) + masked_mean(push, negative)
+    per_pair = tf.where(positive, pull, push)
+    return masked_mean(per_pair, positive | negative)
 
 
 @register
 class ContrastiveLoss(RetrievalLoss):
     """Hadsell et al. (2006): ``1/2 d^2`` for positives, ``1/2 [m - d]_+^2`` for negatives (see module doc)."""
 
+    function = contrastive
+
     def __init__(self, margin: float = 1.0, balanced: bool = False, **kwargs):
-        if margin <= 0:
-            raise ValueError(f"ContrastiveLoss: margin must be > 0, got {margin}")
+        margin = _check_margin(margin, "ContrastiveLoss")
         super().__init__(**kwargs)
-        self.margin = float(margin)
+        self.margin = margin
         self.balanced = bool(balanced)
-
-    @tf.autograph.experimental.do_not_convert  # no tensor-dependent Python control flow: skip autograph
-    def compute(self, relevance, scores):
-        positive, negative = pair_masks(relevance)
-        distance = distance_from_similarity(scores, "euclidean")
-        pull = 0.5 * tf.maximum(2.0 - 2.0 * scores, 0.0)
-        push = 0.5 * tf.square(tf.nn.relu(self.margin - distance))
-        if self.balanced:
-            return masked_mean(pull, positive) + masked_mean(push, negative)
-        per_pair = tf.where(positive, pull, push)
-        return masked_mean(per_pair, positive | negative)
-
-    def get_config(self):
-        return {**super().get_config(), "margin": self.margin, "balanced": self.balanced}
 
 
 __all__ = ["ContrastiveLoss"]

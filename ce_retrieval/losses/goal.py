@@ -1,4 +1,4 @@
-"""GOAL: image-text objectives defined by their gradient (Xuan & Chen, WACV 2023; shared/spec/goal.md).
+"""GOAL: image-text objectives defined by their gradient (Xuan & Chen, WACV 2023; docs/goal.md).
 
 GOAL does not define a loss. For every matched image/text pair ``i`` it forms two triplets on the similarity
 matrix ``S`` (rows images, columns texts; see "Orientation" below) and *prescribes* their gradient:
@@ -83,8 +83,7 @@ from ce_retrieval.losses.registry import register
 TRIPLET_WEIGHTS = ("constant", "nca", "circle")
 PAIR_WEIGHTS = ("constant", "linear", "sigmoid", "linear-ms", "sigmoid-ms")
 
-# Re-exported by ce_retrieval.losses; the weight-name tuples and prescribe_gradient stay in this module.
-__all__ = ["GradientObjective", "goal_gradient", "goal_terms"]
+__all__ = ["GradientObjective", "goal_gradient", "gradient_objective"]
 
 
 def goal_gradient(relevance, scores, *args, **kwargs):
@@ -269,6 +268,40 @@ def prescribe_gradient(x, value, gradient):
     return _attach(x)
 
 
+def gradient_objective(
+    relevance,
+    scores,
+    triplet_weight: str = "circle",
+    pair_weight: str = "sigmoid-ms",
+    tau: float = 10.0,
+    ms_alpha: float = 2.0,
+    ms_beta: float = 10.0,
+    ms_lambda: float = 0.5,
+    ms_margin: float = 0.1,
+    average_over_pairs: bool = True,
+    name: str = "gradient_objective",
+):
+    """The GOAL logging value with the prescribed gradient ``W`` attached to ``scores`` (module docstring):
+    arguments as :class:`GradientObjective`; ``name`` appears in the layout errors."""
+    _check_options(triplet_weight, pair_weight, tau, ms_alpha, ms_beta)
+    relevance, scores = _check_layout(relevance, scores, name)
+    value, indices, updates, pairs = goal_terms(
+        relevance,
+        tf.stop_gradient(scores),
+        triplet_weight,
+        pair_weight,
+        float(tau),
+        float(ms_alpha),
+        float(ms_beta),
+        float(ms_lambda),
+        float(ms_margin),
+    )
+    if average_over_pairs:
+        value, updates = value / tf.maximum(pairs, 1.0), updates / tf.maximum(pairs, 1.0)
+    updates, shape = tf.stop_gradient(updates), tf.shape(scores)
+    return prescribe_gradient(scores, value, lambda upstream: tf.scatter_nd(indices, upstream * updates, shape))
+
+
 @register
 class GradientObjective(RetrievalLoss):
     """GOAL gradient objective on a square similarity matrix with matched pairs on the diagonal.
@@ -287,12 +320,16 @@ class GradientObjective(RetrievalLoss):
         sums over anchors (the paper's, and VSE++'s, scale; equivalent to a learning rate times ``P``).
       name: defaults to ``'goal_value'`` so that it reads as the logging value it is.
 
+    ``S`` is the image × text matrix of matched pairs itself, not a Gram matrix (``needs_gram`` is false).
+
     Combinations equal to a known loss's gradient: ``constant x constant`` (hardest-negative triplet),
     ``constant x linear`` (contrastive, margin 1), ``constant x sigmoid`` (Multi-Similarity / binomial deviance
     on the hardest negative), ``nca x constant`` (NCA / soft-margin triplet), ``circle x linear`` (Circle loss,
     m = 1/2, gamma = tau, scaled 1 / (2 tau)); the 10 others are new. The paper's best is ``circle x sigmoid-ms``.
     """
 
+    function = gradient_objective
+    default_name = "goal_value"
     supports_bidirectional = False
 
     def __init__(
@@ -305,50 +342,25 @@ class GradientObjective(RetrievalLoss):
         ms_lambda: float = 0.5,
         ms_margin: float = 0.1,
         average_over_pairs: bool = True,
-        name: str | None = "goal_value",
+        name: str | None = None,
         **kwargs,
     ):
-        _check_names(triplet_weight, pair_weight)
-        for key, val in (("tau", tau), ("ms_alpha", ms_alpha), ("ms_beta", ms_beta)):
-            if not float(val) > 0:
-                raise ValueError(f"GradientObjective: {key} must be > 0, got {val}")
+        _check_options(triplet_weight, pair_weight, tau, ms_alpha, ms_beta)
         super().__init__(name=name, **kwargs)
         self.triplet_weight, self.pair_weight = triplet_weight, pair_weight
         self.tau, self.ms_alpha, self.ms_beta = float(tau), float(ms_alpha), float(ms_beta)
         self.ms_lambda, self.ms_margin = float(ms_lambda), float(ms_margin)
         self.average_over_pairs = bool(average_over_pairs)
 
-    def compute(self, relevance, scores):
-        relevance, scores = _check_layout(relevance, scores, self.name)
-        value, indices, updates, pairs = goal_terms(
-            relevance,
-            tf.stop_gradient(scores),
-            self.triplet_weight,
-            self.pair_weight,
-            self.tau,
-            self.ms_alpha,
-            self.ms_beta,
-            self.ms_lambda,
-            self.ms_margin,
-        )
-        if self.average_over_pairs:
-            value, updates = value / tf.maximum(pairs, 1.0), updates / tf.maximum(pairs, 1.0)
-        updates, shape = tf.stop_gradient(updates), tf.shape(scores)
-        return prescribe_gradient(scores, value, lambda upstream: tf.scatter_nd(indices, upstream * updates, shape))
+    def function_kwargs(self) -> dict:
+        return {**self.hyperparameters(), "name": self.name}
 
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            triplet_weight=self.triplet_weight,
-            pair_weight=self.pair_weight,
-            tau=self.tau,
-            ms_alpha=self.ms_alpha,
-            ms_beta=self.ms_beta,
-            ms_lambda=self.ms_lambda,
-            ms_margin=self.ms_margin,
-            average_over_pairs=self.average_over_pairs,
-        )
-        return config
+
+def _check_options(triplet_weight, pair_weight, tau, ms_alpha, ms_beta):
+    _check_names(triplet_weight, pair_weight)
+    for key, val in (("tau", tau), ("ms_alpha", ms_alpha), ("ms_beta", ms_beta)):
+        if not float(val) > 0:
+            raise ValueError(f"GradientObjective: {key} must be > 0, got {val}")
 
 
 def _check_names(triplet_weight, pair_weight):

@@ -14,36 +14,43 @@ positive pairs; with ``S = E E^T`` each unordered pair appears twice with the sa
 ordered pairs equals the paper's mean over unordered ones. This matches pytorch-metric-learning's
 ``LiftedStructureLoss(neg_margin=alpha, pos_margin=0)`` with a ``MeanReducer`` (its default reducer
 averages over non-zero terms only). Cost: O(N M) (row and column log-sum-exps).
+
+Gram matrix (``needs_gram`` is false). The paper's ``D_jl`` terms are the distances of the positive ``j`` to its
+own negatives; on a rectangular or two-tower ``S`` they are read from column ``j`` (the queries irrelevant to
+document ``j``), never from a row ``S[j, :]``, so a text × image matrix holds every term the loss reads
+(image ``j`` against the texts that do not describe it), and ``S = E Eᵀ`` gives the paper's single-modality
+definition. Functional core: :func:`lifted_structure`.
 """
 from __future__ import annotations
 
 import tensorflow as tf
 
-from ce_retrieval.losses._pairs import distance_from_similarity, logaddexp, masked_logsumexp, masked_mean, pair_masks
+from ce_retrieval.losses._masked import logaddexp, masked_logsumexp, masked_mean, pair_masks
+from ce_retrieval.losses._similarity import distance
 from ce_retrieval.losses.base import RetrievalLoss
 from ce_retrieval.losses.registry import register
+
+
+def lifted_structure(relevance, scores, margin: float = 1.0):
+    """``1/(2|P|) sum_{(i,j) in P} [log(sum_{Neg(i)} e^{a-D_ik} + sum_{Neg(j)} e^{a-D_lj}) + D_ij]_+^2``."""
+    positive, negative = pair_masks(relevance)
+    dist = distance(scores, "euclidean")
+    logits = float(margin) - dist
+    row = masked_logsumexp(logits, negative, axis=1)[:, None]  # query i's negatives
+    col = masked_logsumexp(logits, negative, axis=0)[None, :]  # document j's negatives
+    j = logaddexp(row, col) + dist
+    return 0.5 * masked_mean(tf.square(tf.nn.relu(j)), positive)
 
 
 @register
 class LiftedStructureLoss(RetrievalLoss):
     """Oh Song et al. (2016): ``1/(2|P|) sum [log(sum e^{a-D_ik} + sum e^{a-D_jl}) + D_ij]_+^2``."""
 
+    function = lifted_structure
+
     def __init__(self, margin: float = 1.0, **kwargs):
         super().__init__(**kwargs)
         self.margin = float(margin)
-
-    @tf.autograph.experimental.do_not_convert  # no tensor-dependent Python control flow: skip autograph
-    def compute(self, relevance, scores):
-        positive, negative = pair_masks(relevance)
-        dist = distance_from_similarity(scores, "euclidean")
-        logits = self.margin - dist
-        row = masked_logsumexp(logits, negative, axis=1)[:, None]  # query i's negatives
-        col = masked_logsumexp(logits, negative, axis=0)[None, :]  # document j's negatives
-        j = logaddexp(row, col) + dist
-        return 0.5 * masked_mean(tf.square(tf.nn.relu(j)), positive)
-
-    def get_config(self):
-        return {**super().get_config(), "margin": self.margin}
 
 
 __all__ = ["LiftedStructureLoss"]

@@ -21,15 +21,20 @@ space). Both ways are available:
 Cost: ``O(N · k · M)`` memory for the hinge tensor; ``k=None`` costs ``O(N · |P_i| · M)``.
 ``d²`` from ``S``: ``2 − 2S`` (``similarity='cosine'``) or ``−S`` (``'negative_squared_distance'``, for a
 learned Mahalanobis metric, :mod:`ce_retrieval.modeling.mahalanobis`).
+
+Only row ``i`` is read: targets ``j`` and impostors ``l`` are both documents of query ``i`` (``d²_ij``,
+``d²_il``), never a row of a target, so ``S`` need not be a Gram matrix (``needs_gram`` is false; LMNN is
+usually run on ``S = E Eᵀ`` with the diagonal ignored). Functional core: :func:`lmnn`.
 """
 from __future__ import annotations
 
 import numpy as np
 import tensorflow as tf
 
-from ce_retrieval.losses._metric import check_similarity, squared_distance
-from ce_retrieval.losses.base import IRRELEVANT, RELEVANT, RetrievalLoss
+from ce_retrieval.losses._similarity import check_similarity, squared_distance
+from ce_retrieval.losses.base import RetrievalLoss
 from ce_retrieval.losses.registry import register
+from ce_retrieval.losses.relevance import IRRELEVANT, RELEVANT
 
 
 def lmnn_target_relevance(features, labels, k: int = 3) -> np.ndarray:
@@ -52,43 +57,46 @@ def lmnn_target_relevance(features, labels, k: int = 3) -> np.ndarray:
     return rel
 
 
+def check_lmnn(k, margin, push_weight, similarity, owner: str):
+    if k is not None and int(k) < 1:
+        raise ValueError(f"{owner}: k must be >= 1 or None, got {k}")
+    if not 0.0 <= push_weight <= 1.0:
+        raise ValueError(f"{owner}: push_weight (λ) must lie in [0, 1], got {push_weight}")
+    return None if k is None else int(k), float(margin), float(push_weight), check_similarity(similarity, owner)
+
+
+def lmnn(relevance, scores, k: int | None = 3, margin: float = 1.0, push_weight: float = 0.5,
+         similarity: str = "cosine"):
+    """LMNN's ``(1 − λ) pull + λ push`` per (query, target) pair, averaged over target pairs (module docstring)."""
+    k, margin, push_weight, similarity = check_lmnn(k, margin, push_weight, similarity, "lmnn")
+    d2 = squared_distance(scores, similarity)  # [N, M]
+    positive = relevance == RELEVANT
+    negative = tf.cast(relevance == IRRELEVANT, tf.float32)
+    if k is None:
+        target_d2 = d2[:, :, None]  # [N, M, 1]: every column, masked to positives below
+        target = tf.cast(positive, tf.float32)
+    else:
+        k = tf.minimum(k, tf.shape(d2)[1])
+        closeness = tf.where(positive, -tf.stop_gradient(d2), -np.inf)
+        _, idx = tf.math.top_k(closeness, k=k)  # [N, k] nearest positives
+        target = tf.cast(tf.gather(positive, idx, batch_dims=1), tf.float32)
+        target_d2 = tf.gather(d2, idx, batch_dims=1)[:, :, None]
+    hinge = tf.nn.relu(margin + target_d2 - d2[:, None, :]) * negative[:, None, :]  # [N, T, M]
+    per_target = (1.0 - push_weight) * target_d2[:, :, 0] + push_weight * tf.reduce_sum(hinge, -1)
+    return tf.reduce_sum(per_target * target) / tf.maximum(tf.reduce_sum(target), 1.0)
+
+
 @register
 class LMNNLoss(RetrievalLoss):
     """LMNN pull/push objective; see the module docstring for the equation and target selection."""
 
+    function = lmnn
+
     def __init__(self, k: int | None = 3, margin: float = 1.0, push_weight: float = 0.5,
                  similarity: str = "cosine", **kwargs):
-        kwargs.setdefault("name", "lmnn_loss")
         super().__init__(**kwargs)
-        if k is not None and int(k) < 1:
-            raise ValueError(f"LMNNLoss: k must be >= 1 or None, got {k}")
-        if not 0.0 <= push_weight <= 1.0:
-            raise ValueError(f"LMNNLoss: push_weight (λ) must lie in [0, 1], got {push_weight}")
-        self.k = None if k is None else int(k)
-        self.margin = float(margin)
-        self.push_weight = float(push_weight)
-        self.similarity = check_similarity(similarity, "LMNNLoss")
-
-    def compute(self, relevance, scores):
-        d2 = squared_distance(scores, self.similarity)  # [N, M]
-        positive = relevance == RELEVANT
-        negative = tf.cast(relevance == IRRELEVANT, tf.float32)
-        if self.k is None:
-            target_d2 = d2[:, :, None]  # [N, M, 1]: every column, masked to positives below
-            target = tf.cast(positive, tf.float32)
-        else:
-            k = tf.minimum(self.k, tf.shape(d2)[1])
-            closeness = tf.where(positive, -tf.stop_gradient(d2), -np.inf)
-            _, idx = tf.math.top_k(closeness, k=k)  # [N, k] nearest positives
-            target = tf.cast(tf.gather(positive, idx, batch_dims=1), tf.float32)
-            target_d2 = tf.gather(d2, idx, batch_dims=1)[:, :, None]
-        hinge = tf.nn.relu(self.margin + target_d2 - d2[:, None, :]) * negative[:, None, :]  # [N, T, M]
-        per_target = (1.0 - self.push_weight) * target_d2[:, :, 0] + self.push_weight * tf.reduce_sum(hinge, -1)
-        return tf.reduce_sum(per_target * target) / tf.maximum(tf.reduce_sum(target), 1.0)
-
-    def get_config(self):
-        return {**super().get_config(), "k": self.k, "margin": self.margin, "push_weight": self.push_weight,
-                "similarity": self.similarity}
+        self.k, self.margin, self.push_weight, self.similarity = check_lmnn(k, margin, push_weight, similarity,
+                                                                            "LMNNLoss")
 
 
 __all__ = ["LMNNLoss", "lmnn_target_relevance"]

@@ -33,6 +33,11 @@ non-trainable int64 variable ``step``; :class:`AnnealingStepCallback` sets it to
 iteration count is saved with the model's checkpoint, a resumed run continues the schedule where it
 stopped, and evaluation batches never advance it. Custom training loops call
 ``loss.step.assign(optimizer.iterations)`` themselves (or add ``loss.step`` to their checkpoint).
+
+Functional core (``ce_retrieval.losses.functional``): :func:`large_margin_softmax`, :func:`angular_softmax`
+(with the annealed ``lambda_`` given as a number or tensor), :func:`additive_margin_softmax`,
+:func:`arc_margin_softmax`, each ``fn(relevance, scores, margin=..., scale=20, cross_example=False)``.
+As for the rest of the softmax family, each logit is one entry ``s_ij``: ``needs_gram`` is false.
 """
 from __future__ import annotations
 
@@ -41,8 +46,9 @@ import warnings
 
 import tensorflow as tf
 
+from ce_retrieval.losses.base import RetrievalLoss
 from ce_retrieval.losses.registry import register
-from ce_retrieval.losses.softmax_core import SoftmaxFamilyLoss
+from ce_retrieval.losses.softmax_core import SoftmaxFamilyLoss, softmax_loss
 
 
 def chebyshev_cos_multiple(cosine: tf.Tensor, m: int) -> tf.Tensor:
@@ -76,8 +82,54 @@ def _check_margin(value, owner: str, integer: bool, upper: float | None = None):
     return float(value)
 
 
+def sphereface_cosine(cosine: tf.Tensor, m: int, lambda_) -> tf.Tensor:
+    """A-Softmax's margined cosine ``(lambda cos(theta) + psi_m(theta)) / (1 + lambda)``."""
+    clipped = tf.clip_by_value(cosine, -1.0, 1.0)
+    return (lambda_ * clipped + psi(cosine, m)) / (1.0 + lambda_)
+
+
+def arcface_cosine(cosine: tf.Tensor, m: float) -> tf.Tensor:
+    """ArcFace's ``cos(theta + m)``, and ``cos(theta) - m sin(m)`` where ``theta + m > pi``."""
+    c = tf.clip_by_value(cosine, -1.0, 1.0)
+    sine = tf.sqrt(tf.maximum(1.0 - c * c, 1e-6))
+    shifted = c * math.cos(m) - sine * math.sin(m)
+    # theta + m > pi  <=>  c < cos(pi - m)
+    return tf.where(c > math.cos(math.pi - m), shifted, c - m * math.sin(m))
+
+
+def large_margin_softmax(relevance, scores, margin: int = 2, scale: float = 20.0, cross_example: bool = False):
+    """L-Softmax: positive logit ``scale * psi_m(theta)`` (integer ``margin`` m >= 1)."""
+    m = _check_margin(margin, "large_margin_softmax", integer=True)
+    return softmax_loss(relevance, scores, scale, cross_example, positive_cosine=lambda c: psi(c, m),
+                        owner="large_margin_softmax")
+
+
+def angular_softmax(relevance, scores, margin: int = 4, lambda_=5.0, scale: float = 20.0,
+                    cross_example: bool = False):
+    """A-Softmax: positive logit ``scale * (lambda cos(theta) + psi_m(theta)) / (1 + lambda)``; ``lambda_`` is the
+    annealed weight (a number or a tensor; the class computes it from its step; 5 is SphereFace's final value)."""
+    m = _check_margin(margin, "angular_softmax", integer=True)
+    return softmax_loss(relevance, scores, scale, cross_example,
+                        positive_cosine=lambda c: sphereface_cosine(c, m, lambda_), owner="angular_softmax")
+
+
+def additive_margin_softmax(relevance, scores, margin: float = 0.35, scale: float = 20.0,
+                            cross_example: bool = False):
+    """CosFace / AM-Softmax: positive logit ``scale * (cos(theta) - m)``."""
+    m = _check_margin(margin, "additive_margin_softmax", integer=False)
+    return softmax_loss(relevance, scores, scale, cross_example, positive_cosine=lambda c: c - m,
+                        owner="additive_margin_softmax")
+
+
+def arc_margin_softmax(relevance, scores, margin: float = 0.5, scale: float = 20.0, cross_example: bool = False):
+    """ArcFace: positive logit ``scale * cos(theta + m)`` (``m`` in [0, pi/2))."""
+    m = _check_margin(margin, "arc_margin_softmax", integer=False, upper=math.pi / 2)
+    return softmax_loss(relevance, scores, scale, cross_example, positive_cosine=lambda c: arcface_cosine(c, m),
+                        owner="arc_margin_softmax")
+
+
 class _MarginSoftmax(SoftmaxFamilyLoss):
-    """Shared constructor/config: ``margin``, ``scale``, ``cross_example``, ``bidirectional``."""
+    """Shared constructor: ``margin``, ``scale``, ``cross_example``, ``bidirectional``."""
 
     default_margin: float = 0.0
     integer_margin = False
@@ -96,15 +148,9 @@ class _MarginSoftmax(SoftmaxFamilyLoss):
         margin = self.default_margin if margin is None else margin
         self.margin = _check_margin(margin, self.name, self.integer_margin, self.margin_upper)
 
-    def positive_logits(self, scores, logits):
-        return self.scale * self.positive_cosine(scores)
-
     def positive_cosine(self, cosine: tf.Tensor) -> tf.Tensor:
         """The margined similarity of a positive pair, before ``scale``."""
         raise NotImplementedError
-
-    def get_config(self):
-        return {**super().get_config(), "margin": self.margin, "cross_example": self.cross_example}
 
 
 @register
@@ -116,6 +162,7 @@ class LargeMarginSoftmax(_MarginSoftmax):
       scale: logit scale. cross_example: batch-wide negatives. bidirectional: also on S^T.
     """
 
+    function = large_margin_softmax
     default_margin = 2
     integer_margin = True
 
@@ -135,6 +182,9 @@ class AngularSoftmax(_MarginSoftmax):
       lambda_base, lambda_gamma, lambda_power, lambda_min: annealing schedule (SphereFace: 1000, 0.12, 1, 5).
       scale: logit scale. cross_example: batch-wide negatives. bidirectional: also on S^T.
     """
+
+    function = angular_softmax
+    annealed = True
 
     default_margin = 4
     integer_margin = True
@@ -176,18 +226,10 @@ class AngularSoftmax(_MarginSoftmax):
         return tf.maximum(decayed, self.lambda_min)
 
     def positive_cosine(self, cosine):
-        lam = self.annealing_lambda()
-        clipped = tf.clip_by_value(cosine, -1.0, 1.0)
-        return (lam * clipped + psi(cosine, self.margin)) / (1.0 + lam)
+        return sphereface_cosine(cosine, self.margin, self.annealing_lambda())
 
-    def get_config(self):
-        return {
-            **super().get_config(),
-            "lambda_base": self.lambda_base,
-            "lambda_gamma": self.lambda_gamma,
-            "lambda_power": self.lambda_power,
-            "lambda_min": self.lambda_min,
-        }
+    def function_kwargs(self) -> dict:  # the function takes the current lambda, not its schedule
+        return dict(margin=self.margin, lambda_=self.annealing_lambda(), scale=self.scale, cross_example=self.cross_example)
 
 
 @register
@@ -199,6 +241,7 @@ class AdditiveMarginSoftmax(_MarginSoftmax):
       scale: logit scale. cross_example: batch-wide negatives. bidirectional: also on S^T.
     """
 
+    function = additive_margin_softmax
     default_margin = 0.35
 
     def positive_cosine(self, cosine):
@@ -215,23 +258,20 @@ class ArcMarginSoftmax(_MarginSoftmax):
       scale: logit scale. cross_example: batch-wide negatives. bidirectional: also on S^T.
     """
 
+    function = arc_margin_softmax
     default_margin = 0.5
     margin_upper = math.pi / 2
 
     def positive_cosine(self, cosine):
-        c = tf.clip_by_value(cosine, -1.0, 1.0)
-        sine = tf.sqrt(tf.maximum(1.0 - c * c, 1e-6))
-        shifted = c * math.cos(self.margin) - sine * math.sin(self.margin)
-        # theta + m > pi  <=>  c < cos(pi - m)
-        return tf.where(c > math.cos(math.pi - self.margin), shifted, c - self.margin * math.sin(self.margin))
+        return arcface_cosine(cosine, self.margin)
 
 
 class AnnealingStepCallback(tf.keras.callbacks.Callback):
     """Keeps the ``step`` variable of annealed losses (``AngularSoftmax``) equal to ``optimizer.iterations``.
 
     Args:
-      losses: the loss objects to drive; default: every loss of the compiled model that has a ``step``
-        variable (``model.loss`` as an instance, list or dict).
+      losses: the loss objects to drive; default: every ``annealed`` loss of the compiled model (``model.loss``
+        as an instance, list or dict).
     """
 
     def __init__(self, losses=None):
@@ -243,7 +283,7 @@ class AnnealingStepCallback(tf.keras.callbacks.Callback):
             return self._losses
         loss = getattr(self.model, "loss", None)
         candidates = list(loss.values()) if isinstance(loss, dict) else list(loss) if isinstance(loss, (list, tuple)) else [loss]
-        return [c for c in candidates if isinstance(getattr(c, "step", None), tf.Variable)]
+        return [c for c in candidates if isinstance(c, RetrievalLoss) and c.annealed]
 
     def _sync(self):
         iterations = self.model.optimizer.iterations

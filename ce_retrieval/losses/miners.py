@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from ce_retrieval.losses._pairs import inverse_permutation, masked_max, masked_min, pair_masks, row_any
+from ce_retrieval.losses._masked import masked_max, masked_min, pair_masks, row_any
+from ce_retrieval.losses._similarity import squared_distance
+from ce_retrieval.losses.fast_paths import inverse_permutation
 
 
 def _inputs(relevance, scores):
@@ -132,7 +134,7 @@ def distance_weighted_negatives(
         raise ValueError(f"distance_weighted_negatives: num_samples must be >= 1, got {num_samples}")
     relevance, scores = _inputs(relevance, scores)
     _, negative = pair_masks(relevance)
-    distance = tf.sqrt(tf.maximum(2.0 - 2.0 * scores, 0.0))
+    distance = tf.sqrt(squared_distance(scores))
     clipped = tf.clip_by_value(distance, cutoff, 2.0 - 1e-4)
     n = float(embedding_dim)
     log_weight = -(n - 2.0) * tf.math.log(clipped) - 0.5 * (n - 3.0) * tf.math.log(1.0 - 0.25 * clipped**2)

@@ -12,20 +12,48 @@ alpha = 2, beta = 50 (paper). lambda: the paper states 1; its reference code, py
 Reduction: the paper's ``1/m sum_i``, the mean over anchors (rows with at least one positive); as in the
 reference code and TF-Similarity, an anchor whose mined positive or negative set is empty contributes 0.
 With ``mining=False`` every pair is used (pytorch-metric-learning's ``MultiSimilarityLoss`` without a miner).
+
+Anchor ``i``'s pairs and its mining are all in row ``i`` (``needs_gram`` is false). Functional core:
+:func:`multi_similarity`.
 """
 from __future__ import annotations
 
 import tensorflow as tf
 
 from ce_retrieval.losses import miners
-from ce_retrieval.losses._pairs import masked_logsumexp, masked_mean, pair_masks, row_any
+from ce_retrieval.losses._masked import masked_logsumexp, masked_mean, pair_masks, row_any
 from ce_retrieval.losses.base import RetrievalLoss
 from ce_retrieval.losses.registry import register
+
+
+def _check(alpha, beta, lambda_, epsilon, mining, owner: str):
+    if alpha <= 0 or beta <= 0:
+        raise ValueError(f"{owner}: alpha and beta must be > 0, got {alpha}, {beta}")
+    return float(alpha), float(beta), float(lambda_), float(epsilon), bool(mining)
+
+
+def multi_similarity(relevance, scores, alpha: float = 2.0, beta: float = 50.0, lambda_: float = 0.5,
+                     epsilon: float = 0.1, mining: bool = True):
+    """Wang et al. (2019) with MS pair mining (``mining=False``: every pair), mean over anchors."""
+    alpha, beta, lambda_, epsilon, mining = _check(alpha, beta, lambda_, epsilon, mining, "multi_similarity")
+    positive, negative = pair_masks(relevance)
+    anchors = row_any(positive, keepdims=False)
+    if mining:
+        positive, negative = miners.multi_similarity_masks(relevance, scores, epsilon)
+    pos_term = masked_logsumexp(-alpha * (scores - lambda_), positive, add_one=True) / alpha
+    neg_term = masked_logsumexp(beta * (scores - lambda_), negative, add_one=True) / beta
+    per_anchor = pos_term + neg_term
+    if mining:
+        valid = row_any(positive, keepdims=False) & row_any(negative, keepdims=False)
+        per_anchor = tf.where(valid, per_anchor, tf.zeros_like(per_anchor))
+    return masked_mean(per_anchor, anchors)
 
 
 @register
 class MultiSimilarityLoss(RetrievalLoss):
     """Wang et al. (2019) with MS pair mining; see module docstring."""
+
+    function = multi_similarity
 
     def __init__(
         self,
@@ -36,32 +64,10 @@ class MultiSimilarityLoss(RetrievalLoss):
         mining: bool = True,
         **kwargs,
     ):
-        if alpha <= 0 or beta <= 0:
-            raise ValueError(f"MultiSimilarityLoss: alpha and beta must be > 0, got {alpha}, {beta}")
+        alpha, beta, lambda_, epsilon, mining = _check(alpha, beta, lambda_, epsilon, mining, "MultiSimilarityLoss")
         super().__init__(**kwargs)
-        self.alpha, self.beta, self.lambda_ = float(alpha), float(beta), float(lambda_)
-        self.epsilon, self.mining = float(epsilon), bool(mining)
-
-    @tf.autograph.experimental.do_not_convert  # no tensor-dependent Python control flow: skip autograph
-    def compute(self, relevance, scores):
-        positive, negative = pair_masks(relevance)
-        anchors = row_any(positive, keepdims=False)
-        if self.mining:
-            positive, negative = miners.multi_similarity_masks(relevance, scores, self.epsilon)
-        pos_term = masked_logsumexp(-self.alpha * (scores - self.lambda_), positive, add_one=True) / self.alpha
-        neg_term = masked_logsumexp(self.beta * (scores - self.lambda_), negative, add_one=True) / self.beta
-        per_anchor = pos_term + neg_term
-        if self.mining:
-            valid = row_any(positive, keepdims=False) & row_any(negative, keepdims=False)
-            per_anchor = tf.where(valid, per_anchor, tf.zeros_like(per_anchor))
-        return masked_mean(per_anchor, anchors)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            alpha=self.alpha, beta=self.beta, lambda_=self.lambda_, epsilon=self.epsilon, mining=self.mining
-        )
-        return config
+        self.alpha, self.beta, self.lambda_ = alpha, beta, lambda_
+        self.epsilon, self.mining = epsilon, mining
 
 
 __all__ = ["MultiSimilarityLoss"]

@@ -15,15 +15,26 @@ The mean runs over queries with at least one positive: NCA scores a query, not a
 loss of the family with one term per query rather than per positive pair. ``d²`` comes from ``S`` as
 ``similarity`` says (``2 − 2S`` for cosine, ``−S`` for a learned Mahalanobis metric); ``scale = 1`` is
 Goldberger's ``exp(−‖Wx_i − Wx_j‖²)`` and equals pytorch-metric-learning's ``softmax_scale``.
+
+Logit scale. On cosine ``S``, ``exp(−scale·d²) = exp(2·scale·s − 2·scale)`` and the constant cancels in
+``p_ij``: NCA is a softmax over ``λ·S`` with ``λ = 2·scale`` (``NCALoss.logit_scale_kwargs(λ)`` gives
+``scale = λ/2``), so with one positive per row ``NCALoss(scale=λ/2)`` equals the softmax cross-entropy over
+``λ·S`` (all valid documents in the denominator).
+
+Only row ``i`` of ``S`` is read (``needs_gram`` is false): the documents may be another modality.
+Functional core: :func:`nca` (``ce_retrieval.losses.functional.nca``).
 """
 from __future__ import annotations
 
 import tensorflow as tf
 
-from ce_retrieval.losses._metric import check_similarity, squared_distance
-from ce_retrieval.losses._pairs import masked_logsumexp, masked_mean, row_any
-from ce_retrieval.losses.base import IRRELEVANT, RELEVANT, RetrievalLoss
+from ce_retrieval.losses._masked import masked_logsumexp, masked_mean, row_any
+from ce_retrieval.losses._similarity import check_similarity, squared_distance
+from ce_retrieval.losses.base import RetrievalLoss
 from ce_retrieval.losses.registry import register
+from ce_retrieval.losses.relevance import IRRELEVANT, RELEVANT
+
+OBJECTIVES = ("log", "expected")
 
 
 def nca_per_query(relevance, scores, scale: float, similarity: str = "cosine", objective: str = "log",
@@ -40,41 +51,51 @@ def nca_per_query(relevance, scores, scale: float, similarity: str = "cosine", o
     return per_query, present
 
 
+def check_nca(scale, similarity, objective, owner: str) -> tuple[float, str, str]:
+    """Validated ``(scale, similarity, objective)``; ``ValueError`` naming ``owner`` otherwise."""
+    if not scale > 0:
+        raise ValueError(f"{owner}: scale must be > 0, got {scale}")
+    if objective not in OBJECTIVES:
+        raise ValueError(f"{owner}: objective must be 'log' or 'expected', got {objective!r}")
+    return float(scale), check_similarity(similarity, owner), objective
+
+
+def nca(relevance, scores, scale: float = 1.0, similarity: str = "cosine", objective: str = "log",
+        include_positives_in_denominator: bool = True):
+    """NCA (module docstring): mean over queries with a positive of ``−log p_i`` (or ``1 − p_i``)."""
+    scale, similarity, objective = check_nca(scale, similarity, objective, "nca")
+    per_query, valid = nca_per_query(
+        relevance, scores, scale, similarity, objective, bool(include_positives_in_denominator)
+    )
+    return masked_mean(per_query, valid)
+
+
 @register
 class NCALoss(RetrievalLoss):
     """Soft nearest-neighbour classification loss; equation and conventions in the module docstring.
 
     Args:
-      scale: inverse temperature on squared distances (default 1, Goldberger).
+      scale: inverse temperature on squared distances (default 1, Goldberger); the logit scale is λ = 2·scale.
       similarity: ``'cosine'`` or ``'negative_squared_distance'`` (how ``S`` maps to ``d²``).
       objective: ``'log'`` (−log p_i) or ``'expected'`` (1 − p_i).
     """
 
-    _default_name = "nca_loss"
+    function = nca
+    # On cosine S, d² = 2 − 2s, so exp(−scale·d²) = exp(2·scale·s − 2·scale): the logit scale λ of the softmax
+    # family is 2·scale (λ = 20 is scale = 10), which is what the two methods below translate.
+    has_logit_scale = True
+
+    @classmethod
+    def logit_scale_kwargs(cls, scale: float) -> dict:
+        return {"scale": float(scale) / 2.0}
+
+    @property
+    def logit_scale(self) -> float:
+        return 2.0 * self.scale if self.similarity == "cosine" else self.scale
 
     def __init__(self, scale: float = 1.0, similarity: str = "cosine", objective: str = "log", **kwargs):
-        kwargs.setdefault("name", self._default_name)
         super().__init__(**kwargs)
-        if scale <= 0:
-            raise ValueError(f"{type(self).__name__}: scale must be > 0, got {scale}")
-        if objective not in ("log", "expected"):
-            raise ValueError(f"{type(self).__name__}: objective must be 'log' or 'expected', got {objective!r}")
-        self.scale = float(scale)
-        self.similarity = check_similarity(similarity, type(self).__name__)
-        self.objective = objective
-
-    def _include_positives(self) -> bool:
-        return True
-
-    def compute(self, relevance, scores):
-        per_query, valid = nca_per_query(
-            relevance, scores, self.scale, self.similarity, self.objective, self._include_positives()
-        )
-        return masked_mean(per_query, valid)
-
-    def get_config(self):
-        return {**super().get_config(), "scale": self.scale, "similarity": self.similarity,
-                "objective": self.objective}
+        self.scale, self.similarity, self.objective = check_nca(scale, similarity, objective, type(self).__name__)
 
 
-__all__ = ["NCALoss", "nca_per_query"]
+__all__ = ["NCALoss"]

@@ -16,12 +16,18 @@ per row and nothing ignored it is exactly the cross-entropy of CLIP.
 * ``SymmetricInfoNCE``: CLIP's loss, the mean of the text->image loss on ``S`` and image->text on ``S^T``
   (``InfoNCE(bidirectional=True)``). A learned temperature belongs to the model (multiply S by its
   ``logit_scale`` and pass ``temperature=1``).
+
+Functional core (``ce_retrieval.losses.functional``): :func:`npair`, :func:`info_nce`, :func:`symmetric_info_nce`.
+The per-row form reads row ``i`` of ``S`` only (``needs_gram`` is false): a two-tower text × image matrix is
+exactly its use.
 """
 from __future__ import annotations
 
+import numbers
+
 import tensorflow as tf
 
-from ce_retrieval.losses._pairs import masked_logsumexp, masked_mean, pair_masks
+from ce_retrieval.losses._masked import masked_logsumexp, masked_mean, pair_masks
 from ce_retrieval.losses.base import RetrievalLoss
 from ce_retrieval.losses.registry import register
 
@@ -36,40 +42,61 @@ def softmax_per_positive(relevance: tf.Tensor, logits: tf.Tensor, axis: int = 1)
     return masked_mean(tf.nn.softplus(negatives - logits), positive)
 
 
+def _positive(value, what: str, owner: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0:
+        raise ValueError(f"{owner}: {what} must be > 0, got {value}")
+    return float(value)
+
+
+def npair(relevance, scores, scale: float = 1.0):
+    """Sohn (2016): mean over positive pairs of ``log(1 + sum_{k in Neg(i)} exp(scale * (s_ik - s_ij)))``."""
+    return softmax_per_positive(relevance, _positive(scale, "scale", "NPairLoss") * scores)
+
+
+def info_nce(relevance, scores, temperature: float = 0.07):
+    """InfoNCE: the N-pair loss on logits ``S / temperature``."""
+    return softmax_per_positive(relevance, scores / _positive(temperature, "temperature", "InfoNCE"))
+
+
+def symmetric_info_nce(relevance, scores, temperature: float = 0.07):
+    """CLIP's loss: ``(InfoNCE(S) + InfoNCE(S^T)) / 2`` by row and column log-sum-exps (no transpose)."""
+    logits = scores / _positive(temperature, "temperature", "SymmetricInfoNCE")
+    return 0.5 * (softmax_per_positive(relevance, logits, 1) + softmax_per_positive(relevance, logits, 0))
+
+
 @register
 class NPairLoss(RetrievalLoss):
     """Sohn (2016): ``log(1 + sum_k exp(scale * (s_ik - s_ij)))`` per positive pair; see module docstring."""
 
+    function = npair
+    default_name = "npair_loss"
+    has_logit_scale = True
+
     def __init__(self, scale: float = 1.0, **kwargs):
-        if scale <= 0:
-            raise ValueError(f"NPairLoss: scale must be > 0, got {scale}")
+        scale = _positive(scale, "scale", "NPairLoss")
         super().__init__(**kwargs)
-        self.scale = float(scale)
-
-    @tf.autograph.experimental.do_not_convert  # no tensor-dependent Python control flow: skip autograph
-    def compute(self, relevance, scores):
-        return softmax_per_positive(relevance, self.scale * scores)
-
-    def get_config(self):
-        return {**super().get_config(), "scale": self.scale}
+        self.scale = scale
 
 
 @register
 class InfoNCE(RetrievalLoss):
     """InfoNCE with logits ``S / temperature``; ``bidirectional=True`` gives CLIP's symmetric loss."""
 
+    function = info_nce
+    has_logit_scale = True  # λ = 1 / temperature
+
+    @classmethod
+    def logit_scale_kwargs(cls, scale: float) -> dict:
+        return {"temperature": 1.0 / float(scale)}
+
+    @property
+    def logit_scale(self) -> float:
+        return 1.0 / self.temperature
+
     def __init__(self, temperature: float = 0.07, **kwargs):
-        if temperature <= 0:
-            raise ValueError(f"{type(self).__name__}: temperature must be > 0, got {temperature}")
+        temperature = _positive(temperature, "temperature", type(self).__name__)
         super().__init__(**kwargs)
-        self.temperature = float(temperature)
-
-    @tf.autograph.experimental.do_not_convert  # no tensor-dependent Python control flow: skip autograph
-    def compute(self, relevance, scores):
-        return softmax_per_positive(relevance, scores / self.temperature)
-
-    def get_config(self):
-        return {**super().get_config(), "temperature": self.temperature}
+        self.temperature = temperature
 
 
 @register
@@ -77,17 +104,13 @@ class SymmetricInfoNCE(InfoNCE):
     """CLIP's loss: ``(InfoNCE(S) + InfoNCE(S^T)) / 2``; always bidirectional (rows and columns of S, no
     transpose: column log-sum-exps)."""
 
+    function = symmetric_info_nce
     supports_bidirectional = False  # it is bidirectional by definition; the flag is not a choice here
 
     def __init__(self, temperature: float = 0.07, **kwargs):
         if not kwargs.pop("bidirectional", True):
             raise ValueError("SymmetricInfoNCE is always bidirectional; use InfoNCE for one direction")
         super().__init__(temperature=temperature, **kwargs)
-
-    @tf.autograph.experimental.do_not_convert
-    def compute(self, relevance, scores):
-        logits = scores / self.temperature
-        return 0.5 * (softmax_per_positive(relevance, logits, 1) + softmax_per_positive(relevance, logits, 0))
 
 
 __all__ = ["InfoNCE", "NPairLoss", "SymmetricInfoNCE"]

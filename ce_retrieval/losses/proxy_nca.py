@@ -15,30 +15,34 @@ ingredients (global max pooling, fast proxy learning rate) belong to the backbon
 give the proxy layer its own learning rate through the optimiser if wanted.
 Matches pytorch-metric-learning's ``ProxyNCALoss(softmax_scale=scale)`` (which normalises embeddings and
 proxies and includes positives). Mean over queries (one positive class per query).
+
+The logit scale is λ = 2·scale, as for :class:`~ce_retrieval.losses.NCALoss`. Functional core: :func:`proxy_nca`.
+The columns are proxies (``needs_proxies``); each term reads one row (``needs_gram`` is false).
 """
 from __future__ import annotations
 
-from ce_retrieval.losses.nca import NCALoss
+from ce_retrieval.losses.nca import NCALoss, nca
 from ce_retrieval.losses.registry import register
+
+
+def proxy_nca(relevance, scores, scale: float = 9.0, include_positives_in_denominator: bool = True,
+              similarity: str = "cosine", objective: str = "log"):
+    """ProxyNCA++ (default) or, with ``include_positives_in_denominator=False``, the original ProxyNCA."""
+    return nca(relevance, scores, scale, similarity, objective, include_positives_in_denominator)
 
 
 @register
 class ProxyNCALoss(NCALoss):
     """ProxyNCA / ProxyNCA++ on ``S = cos(E, proxies)``; see the module docstring."""
 
+    function = proxy_nca
     supports_bidirectional = False
-    requires_proxies = True
-    _default_name = "proxy_nca_loss"
+    needs_proxies = True
 
-    def __init__(self, scale: float = 9.0, include_positives_in_denominator: bool = True, **kwargs):
-        super().__init__(scale=scale, **kwargs)
+    def __init__(self, scale: float = 9.0, include_positives_in_denominator: bool = True, similarity: str = "cosine",
+                 objective: str = "log", **kwargs):
+        super().__init__(scale=scale, similarity=similarity, objective=objective, **kwargs)
         self.include_positives_in_denominator = bool(include_positives_in_denominator)
-
-    def _include_positives(self) -> bool:
-        return self.include_positives_in_denominator
-
-    def get_config(self):
-        return {**super().get_config(), "include_positives_in_denominator": self.include_positives_in_denominator}
 
 
 __all__ = ["ProxyNCALoss"]

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+#: The three values of a relevance matrix: a positive pair, a negative pair, a pair that no loss looks at.
+RELEVANT, IRRELEVANT, IGNORED = 1.0, 0.0, -1.0
+
 
 def relevance_from_ids(query_ids, doc_ids, exclude_self: bool = False, dtype=tf.float32) -> tf.Tensor:
     """``[N, M]`` relevance in {-1, 0, 1} from ``query_ids [N]`` and ``doc_ids [M]`` (ints or strings)."""
@@ -26,3 +29,6 @@ def relevance_from_ids(query_ids, doc_ids, exclude_self: bool = False, dtype=tf.
         tf.debugging.assert_equal(n, m, message="relevance_from_ids: exclude_self needs a square matrix (N == M)")
         relevance = tf.linalg.set_diag(relevance, -tf.ones([tf.minimum(n, m)], dtype))
     return relevance
+
+
+__all__ = ["IGNORED", "IRRELEVANT", "RELEVANT", "relevance_from_ids"]

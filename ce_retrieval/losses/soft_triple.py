@@ -18,60 +18,64 @@ Mean over positive (example, class) pairs. Equal to pytorch-metric-learning's ``
 The centre regulariser τ·R(W) (eq. 13) needs the centres, which the loss never sees: it is
 :class:`ce_retrieval.modeling.proxies.SoftTripleCenterRegularizer`, set as the ``proxy_regularizer`` of the
 proxy layer, so Keras adds it to ``model.losses`` (``model.fit`` minimises loss + τR, as in the paper).
+The columns are centres (``needs_proxies``); each term reads one row (``needs_gram`` is false).
+Functional core: :func:`soft_triple`.
 """
 from __future__ import annotations
 
 import tensorflow as tf
 
-from ce_retrieval.losses._pairs import masked_logsumexp
-from ce_retrieval.losses.base import IRRELEVANT, RELEVANT, RetrievalLoss, mean_over_positives
+from ce_retrieval.losses._masked import masked_logsumexp, mean_over_positives
+from ce_retrieval.losses.base import RetrievalLoss
 from ce_retrieval.losses.registry import register
+from ce_retrieval.losses.relevance import IRRELEVANT, RELEVANT
+
+
+def check_soft_triple(proxies_per_class, la, gamma, delta, owner: str):
+    if int(proxies_per_class) < 1 or la <= 0 or gamma <= 0:
+        raise ValueError(
+            f"{owner}: need proxies_per_class >= 1, la > 0, gamma > 0; got {proxies_per_class}, {la}, {gamma}"
+        )
+    return int(proxies_per_class), float(la), float(gamma), float(delta)
+
+
+def soft_triple(relevance, scores, proxies_per_class: int = 10, la: float = 20.0, gamma: float = 0.1,
+                delta: float = 0.01):
+    """SoftTriple (module docstring) on ``[N, C·K]`` cosines, ``K = proxies_per_class`` centres per class."""
+    k, la, gamma, delta = check_soft_triple(proxies_per_class, la, gamma, delta, "soft_triple")
+    if scores.shape[-1] is not None and scores.shape[-1] % k:
+        raise ValueError(f"SoftTripleLoss: {scores.shape[-1]} columns are not a multiple of proxies_per_class={k}")
+    check = tf.debugging.assert_equal(
+        tf.shape(scores)[1] % k, 0, message=f"SoftTripleLoss: columns are not a multiple of proxies_per_class={k}"
+    )
+    with tf.control_dependencies([check]):
+        grouped = tf.reshape(scores, [tf.shape(scores)[0], -1, k])  # [N, C, K]
+    weights = tf.nn.softmax(grouped / gamma, axis=-1)
+    class_sim = tf.reduce_sum(weights * grouped, axis=-1)  # [N, C]
+    class_rel = tf.reshape(relevance, [tf.shape(relevance)[0], -1, k])[:, :, 0]
+    logits = la * class_sim
+    log_neg = masked_logsumexp(logits, class_rel == IRRELEVANT)  # [N]
+    has_neg = tf.reduce_any(class_rel == IRRELEVANT, axis=1)
+    pos_logit = la * (class_sim - delta)
+    # -log(e^a / (e^a + e^b)) = softplus(b - a), b = -inf (no negative) gives 0.
+    per_pair = tf.where(has_neg[:, None], tf.nn.softplus(log_neg[:, None] - pos_logit), 0.0)
+    return mean_over_positives(per_pair, tf.where(class_rel == RELEVANT, RELEVANT, IRRELEVANT))
 
 
 @register
 class SoftTripleLoss(RetrievalLoss):
     """SoftTriple on ``[N, C·K]`` cosines; see the module docstring."""
 
+    function = soft_triple
     supports_bidirectional = False
-    requires_proxies = True
+    needs_proxies = True
 
     def __init__(self, proxies_per_class: int = 10, la: float = 20.0, gamma: float = 0.1, delta: float = 0.01,
                  **kwargs):
         super().__init__(**kwargs)
-        if int(proxies_per_class) < 1 or la <= 0 or gamma <= 0:
-            raise ValueError(
-                f"SoftTripleLoss: need proxies_per_class >= 1, la > 0, gamma > 0; got {proxies_per_class}, {la}, {gamma}"
-            )
-        self.proxies_per_class = int(proxies_per_class)
-        self.la = float(la)
-        self.gamma = float(gamma)
-        self.delta = float(delta)
-
-    def compute(self, relevance, scores):
-        k = self.proxies_per_class
-        if scores.shape[-1] is not None and scores.shape[-1] % k:
-            raise ValueError(
-                f"SoftTripleLoss: {scores.shape[-1]} columns are not a multiple of proxies_per_class={k}"
-            )
-        check = tf.debugging.assert_equal(
-            tf.shape(scores)[1] % k, 0, message=f"SoftTripleLoss: columns are not a multiple of proxies_per_class={k}"
+        self.proxies_per_class, self.la, self.gamma, self.delta = check_soft_triple(
+            proxies_per_class, la, gamma, delta, "SoftTripleLoss"
         )
-        with tf.control_dependencies([check]):
-            grouped = tf.reshape(scores, [tf.shape(scores)[0], -1, k])  # [N, C, K]
-        weights = tf.nn.softmax(grouped / self.gamma, axis=-1)
-        class_sim = tf.reduce_sum(weights * grouped, axis=-1)  # [N, C]
-        class_rel = tf.reshape(relevance, [tf.shape(relevance)[0], -1, k])[:, :, 0]
-        logits = self.la * class_sim
-        log_neg = masked_logsumexp(logits, class_rel == IRRELEVANT)  # [N]
-        has_neg = tf.reduce_any(class_rel == IRRELEVANT, axis=1)
-        pos_logit = self.la * (class_sim - self.delta)
-        # -log(e^a / (e^a + e^b)) = softplus(b - a), b = -inf (no negative) gives 0.
-        per_pair = tf.where(has_neg[:, None], tf.nn.softplus(log_neg[:, None] - pos_logit), 0.0)
-        return mean_over_positives(per_pair, tf.where(class_rel == RELEVANT, RELEVANT, IRRELEVANT))
-
-    def get_config(self):
-        return {**super().get_config(), "proxies_per_class": self.proxies_per_class, "la": self.la,
-                "gamma": self.gamma, "delta": self.delta}
 
 
 __all__ = ["SoftTripleLoss"]

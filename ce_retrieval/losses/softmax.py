@@ -1,5 +1,5 @@
 """The four objectives of Veit & Wilber, "Improving Calibration in Deep Metric Learning With Cross-Example
-Softmax" (2020, §3, eqs. 2-6), on a similarity matrix S and relevance R (shared/spec/losses.md).
+Softmax" (2020, §3, eqs. 2-6), on a similarity matrix S and relevance R (docs/losses.md).
 
 With logits l = scale * S and P the positive pairs (R == 1), every loss is
 
@@ -20,13 +20,49 @@ With R = I this is exactly the paper's 1/N sum_i; with several positives per row
 its own term and the other positives of the row are in neither numerator nor partition function.
 Cross-example negatives make scores comparable across queries (global calibration, the paper's PR-AUC
 gain); the mining variants keep the hardest 50% as in the paper's experiments. Mining uses an exact
-radix selection of the k-th largest negative instead of a sort (``selection.py``), so it costs a few
+radix selection of the k-th largest negative instead of a sort (``fast_paths.py``), so it costs a few
 counting passes; ties at the threshold are counted exactly. The pipeline is in ``softmax_core.py``.
+
+Functional core (``ce_retrieval.losses.functional``): :func:`sampled_softmax`, :func:`stochastic_negative_mining`,
+:func:`cross_example_softmax`, :func:`cross_example_negative_mining`, each ``fn(relevance, scores, **hyper)``.
+
+Every logit is a single entry ``s_ij`` of a query's row (or of the batch's negatives): a two-tower text × image
+matrix is the intended input and no Gram matrix is needed (``needs_gram`` is false).
 """
 from __future__ import annotations
 
 from ce_retrieval.losses.registry import register
-from ce_retrieval.losses.softmax_core import SoftmaxFamilyLoss
+from ce_retrieval.losses.softmax_core import SoftmaxFamilyLoss, resolve_mining, softmax_loss
+
+#: the paper's mining setting: keep the hardest half of the negatives
+DEFAULT_NEGATIVE_FRACTION = 0.5
+
+
+def sampled_softmax(relevance, scores, scale: float = 20.0):
+    """Eq. (2): each positive pair against the negatives of its own row, logits ``scale * S``."""
+    return softmax_loss(relevance, scores, scale, cross_example=False, owner="sampled_softmax")
+
+
+def stochastic_negative_mining(relevance, scores, scale: float = 20.0, negative_fraction: float | None = None,
+                               top_k: int | None = None):
+    """Eq. (3): each positive pair against the top ``ceil(f * n_i)`` (or ``min(top_k, n_i)``) negatives of its row;
+    ``f`` defaults to 0.5."""
+    fraction, top_k = resolve_mining(negative_fraction, top_k, DEFAULT_NEGATIVE_FRACTION, "stochastic_negative_mining")
+    return softmax_loss(relevance, scores, scale, False, fraction, top_k, owner="stochastic_negative_mining")
+
+
+def cross_example_softmax(relevance, scores, scale: float = 20.0):
+    """Eq. (5): each positive pair against every negative of the batch (cross-example negatives)."""
+    return softmax_loss(relevance, scores, scale, cross_example=True, owner="cross_example_softmax")
+
+
+def cross_example_negative_mining(relevance, scores, scale: float = 20.0, negative_fraction: float | None = None,
+                                  top_k: int | None = None):
+    """Eq. (6): each positive pair against the top ``ceil(f * n)`` (or ``min(top_k, n)``) negatives of the whole
+    batch; ``f`` defaults to 0.5."""
+    owner = "cross_example_negative_mining"
+    fraction, top_k = resolve_mining(negative_fraction, top_k, DEFAULT_NEGATIVE_FRACTION, owner)
+    return softmax_loss(relevance, scores, scale, True, fraction, top_k, owner=owner)
 
 
 @register
@@ -38,6 +74,8 @@ class SampledSoftmax(SoftmaxFamilyLoss):
       bidirectional: also apply the loss to S^T (image -> text) and average, as CLIP does.
     """
 
+    function = sampled_softmax
+
     def __init__(self, scale: float = 20.0, bidirectional: bool = False, name: str | None = None, **kwargs):
         super().__init__(scale=scale, cross_example=False, bidirectional=bidirectional, name=name, **kwargs)
 
@@ -46,7 +84,7 @@ class _NegativeMiningSoftmax(SoftmaxFamilyLoss):
     """Eqs. (3) and (6) share everything but the negative set (per row or across the batch: ``cross_example``)."""
 
     cross_example = False
-    default_negative_fraction = 0.5
+    default_negative_fraction = DEFAULT_NEGATIVE_FRACTION
 
     def __init__(
         self,
@@ -67,9 +105,6 @@ class _NegativeMiningSoftmax(SoftmaxFamilyLoss):
             **kwargs,
         )
 
-    def get_config(self):
-        return {**super().get_config(), "negative_fraction": self.negative_fraction, "top_k": self.top_k}
-
 
 @register
 class StochasticNegativeMining(_NegativeMiningSoftmax):
@@ -83,6 +118,8 @@ class StochasticNegativeMining(_NegativeMiningSoftmax):
       bidirectional: also apply to S^T and average.
     """
 
+    function = stochastic_negative_mining
+
 
 @register
 class CrossExampleSoftmax(SoftmaxFamilyLoss):
@@ -92,6 +129,8 @@ class CrossExampleSoftmax(SoftmaxFamilyLoss):
       scale: logit scale.
       bidirectional: also apply to S^T and average (the negative set is the same; the positives' rows change).
     """
+
+    function = cross_example_softmax
 
     def __init__(self, scale: float = 20.0, bidirectional: bool = False, name: str | None = None, **kwargs):
         super().__init__(scale=scale, cross_example=True, bidirectional=bidirectional, name=name, **kwargs)
@@ -109,6 +148,7 @@ class CrossExampleNegativeMining(_NegativeMiningSoftmax):
     """
 
     cross_example = True
+    function = cross_example_negative_mining
 
 
 __all__ = ["SampledSoftmax", "StochasticNegativeMining", "CrossExampleSoftmax", "CrossExampleNegativeMining"]

@@ -14,12 +14,15 @@ and the classes differ only in the steps that produce ``p`` and ``Z``:
    k = min(top_k, n), n = size of the set (per row, or the whole batch). Eqs. (3) and (6).
 4. ``log partition``: log Z = log sum_{s in set} e^{scale * s}, by log-sum-exp with max subtraction.
    With mining, sum_{topk} e^s = sum_{s > t} e^s + (k - #{s > t}) e^t with t the k-th largest (found by
-   radix selection, ``selection.py``, no sort); the tied entries at t share the weight
+   radix selection, ``fast_paths.py``, no sort); the tied entries at t share the weight
    (k - #{s > t}) / #{s == t}, which is the same value and splits the gradient evenly among the ties.
    The threshold itself carries no gradient.
 5. ``softmax cross-entropy`` per positive pair and the mean over positive pairs.
 
 A row (or batch) without negatives has Z = 0: its positive pairs contribute 0 (log 1).
+
+:func:`softmax_loss` is the whole pipeline as a function (the functional core of every class of the family);
+``positive_cosine`` is the margin of step 1 (``None``: no margin).
 """
 from __future__ import annotations
 
@@ -27,10 +30,19 @@ import math
 
 import tensorflow as tf
 
-from ce_retrieval.losses.base import IRRELEVANT, RetrievalLoss, mean_over_positives
-from ce_retrieval.losses.selection import select_kth_largest
+from ce_retrieval.losses._masked import mean_over_positives
+from ce_retrieval.losses.base import RetrievalLoss
+from ce_retrieval.losses.fast_paths import top_k_weights
+from ce_retrieval.losses.relevance import IRRELEVANT
 
 _NEG_INF = float("-inf")
+
+
+def check_scale(scale, owner: str) -> float:
+    """``scale`` as a float if it is a positive finite number, else a ``ValueError`` naming ``owner``."""
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"{owner}: scale must be a positive finite number, got {scale!r}")
+    return float(scale)
 
 
 def resolve_mining(negative_fraction, top_k, default_fraction: float | None, owner: str):
@@ -87,21 +99,14 @@ def _reduce(reduce_fn, x, whole_batch: bool):
 
 
 def _top_k_weights(masked, negatives, axis, negative_fraction, top_k):
-    """Weights of the top-k negatives: 1 above the k-th largest t, (k - #{> t}) / #{== t} at t, else 0.
+    """Weights of the top-k negatives (``fast_paths.top_k_weights``), k = ``mining_k`` of the set's size.
 
     ``masked`` holds the logits of the negatives and -inf elsewhere; since k <= n, the k-th largest of
     ``masked`` is the k-th largest negative and the -inf fillers never reach the top k.
     """
     count = _reduce(tf.reduce_sum, tf.cast(negatives, tf.int32), axis is None)  # [N, 1] or [1, 1]
     k = tf.minimum(mining_k(count, negative_fraction, top_k), count)
-    selection_k = tf.reshape(k, []) if axis is None else k[:, 0]
-    selected = select_kth_largest(tf.stop_gradient(masked), selection_k, axis=axis)
-    shape = tf.shape(k)
-    threshold = tf.reshape(selected.value, shape)
-    greater = tf.reshape(selected.num_greater, shape)
-    equal = tf.reshape(selected.num_equal, shape)
-    tie_weight = tf.cast(k - greater, tf.float32) / tf.cast(tf.maximum(equal, 1), tf.float32)
-    return tf.where(masked > threshold, 1.0, tf.where(masked == threshold, tie_weight, 0.0))
+    return top_k_weights(masked, k, axis=axis)
 
 
 def softmax_pair_loss(positive_logits, log_partition, relevance):
@@ -109,11 +114,45 @@ def softmax_pair_loss(positive_logits, log_partition, relevance):
     return mean_over_positives(tf.math.softplus(log_partition - positive_logits), relevance)
 
 
+def softmax_loss(
+    relevance,
+    scores,
+    scale: float = 20.0,
+    cross_example: bool = False,
+    negative_fraction: float | None = None,
+    top_k: int | None = None,
+    positive_cosine=None,
+    owner: str = "softmax_loss",
+):
+    """The family's pipeline (module docstring), mean over positive pairs of ``softplus(log Z - p_ij)``.
+
+    Args:
+      relevance, scores: float32 ``[N, M]``.
+      scale: logit scale λ (logits ``λ·S``).
+      cross_example: ``Neg`` = every negative of the batch (eq. 5) instead of the row's (eq. 2).
+      negative_fraction, top_k: mining (eqs. 3 and 6); at most one; ``None`` for both: every negative.
+      positive_cosine: the margin, ``c -> margined c`` applied to the positives' similarities before ``scale``.
+      owner: the name in error messages.
+    """
+    scale = check_scale(scale, owner)
+    negative_fraction, top_k = resolve_mining(negative_fraction, top_k, None, owner)
+    logits = scale * scores
+    log_partition = negative_log_partition(
+        logits, relevance == IRRELEVANT, bool(cross_example), negative_fraction, top_k
+    )
+    positive_logits = logits if positive_cosine is None else scale * positive_cosine(scores)
+    return softmax_pair_loss(positive_logits, log_partition, relevance)
+
+
 class SoftmaxFamilyLoss(RetrievalLoss):
     """Base of the softmax-family losses: ``scale``, negative set, optional mining; see the module docstring.
 
-    Subclasses override :meth:`positive_logits` (margins) and fix the negative set / mining defaults.
+    Subclasses name their function (``softmax.py``, ``margin_softmax.py``) and fix the negative set / mining
+    defaults; their constructor arguments are that function's hyper-parameters.
     """
+
+    function = softmax_loss
+    has_logit_scale = True
 
     #: default ``negative_fraction`` when neither it nor ``top_k`` is given (``None``: no mining).
     default_negative_fraction: float | None = None
@@ -129,36 +168,11 @@ class SoftmaxFamilyLoss(RetrievalLoss):
         **kwargs,
     ):
         super().__init__(bidirectional=bidirectional, name=name, **kwargs)
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
-            raise ValueError(f"{self.name}: scale must be a positive finite number, got {scale!r}")
-        self.scale = float(scale)
+        self.scale = check_scale(scale, self.name)
         self.cross_example = bool(cross_example)
         self.negative_fraction, self.top_k = resolve_mining(
             negative_fraction, top_k, self.default_negative_fraction, self.name
         )
 
-    def positive_logits(self, scores: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
-        """Logits of the positive pairs (only entries with relevance 1 are used); ``logits = scale * scores``."""
-        return logits
 
-    def compute(self, relevance, scores):
-        logits = self.scale * scores
-        log_partition = negative_log_partition(
-            logits, relevance == IRRELEVANT, self.cross_example, self.negative_fraction, self.top_k
-        )
-        return softmax_pair_loss(self.positive_logits(scores, logits), log_partition, relevance)
-
-    def get_config(self):
-        config = super().get_config()
-        config["scale"] = self.scale
-        return config
-
-
-__all__ = [
-    "SoftmaxFamilyLoss",
-    "mining_k",
-    "negative_log_partition",
-    "resolve_mining",
-    "softmax_pair_loss",
-]
-
+__all__ = ["SoftmaxFamilyLoss", "softmax_loss"]

@@ -20,6 +20,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import field
 
+from ce_retrieval.configs.base import from_dict
+
 TEXT_KINDS = ("bert", "hub")
 TEXT_POOLINGS = ("cls", "pooled", "mean")
 BATCHNORM_MODES = ("train", "frozen", "sync")
@@ -136,8 +138,8 @@ class ImageTowerConfig:
     trainable: bool = True
 
     def __post_init__(self):
-        if isinstance(self.augmentation, dict):
-            self.augmentation = AugmentationConfig(**self.augmentation)
+        if isinstance(self.augmentation, dict):  # nested mappings: the one config-from-dict, strictly
+            self.augmentation = from_dict(AugmentationConfig, self.augmentation, "augmentation")
         _check_choice("image.batchnorm", self.batchnorm, BATCHNORM_MODES)
         _check_choice("image.resize", self.resize, RESIZE_MODES)
         _check_choice("image.block_type", self.block_type, BLOCK_TYPES)
@@ -162,11 +164,11 @@ class ImageTowerConfig:
 class ModelConfig:
     """The two-tower model: towers, embedding size d and the logit scale λ.
 
-    Similarity is the cosine of the L2-normalised embeddings. With ``learn_logit_scale=False`` (the paper) the
-    model passes the cosine matrix to the loss and λ is the loss's own ``scale`` (softmax-family losses), which
-    must equal ``logit_scale``. With ``learn_logit_scale=True`` the model learns ``log λ`` (initialised to
-    ``log(logit_scale)``, capped at ``max_logit_scale`` as in CLIP), passes ``λ·cos`` to the loss and requires
-    a softmax-family loss with ``scale=1``.
+    Similarity is the cosine of the L2-normalised embeddings. ``logit_scale`` is the one home of λ (``l = λ·S``):
+    the retrieval task gives it to any loss that has a logit scale (``scale=λ``, ``temperature=1/λ``, ...; see
+    ``ce_retrieval.tasks``), and a loss without one has none. With ``learn_logit_scale=True`` the model learns
+    ``log λ`` (initialised to ``log(logit_scale)``, capped at ``max_logit_scale`` as in CLIP), passes ``λ·cos``
+    to the loss and the loss gets λ = 1.
     """
 
     text: TextTowerConfig = field(default_factory=TextTowerConfig)
@@ -177,10 +179,10 @@ class ModelConfig:
     max_logit_scale: float = 100.0
 
     def __post_init__(self):
-        if isinstance(self.text, dict):
-            self.text = TextTowerConfig(**self.text)
+        if isinstance(self.text, dict):  # nested mappings: the one config-from-dict, strictly
+            self.text = from_dict(TextTowerConfig, self.text, "text")
         if isinstance(self.image, dict):
-            self.image = ImageTowerConfig(**self.image)
+            self.image = from_dict(ImageTowerConfig, self.image, "image")
         if self.embedding_dim < 1:
             raise ValueError(f"embedding_dim must be positive, got {self.embedding_dim}")
         if not 0 < self.logit_scale <= self.max_logit_scale:

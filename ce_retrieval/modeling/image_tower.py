@@ -17,7 +17,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from ce_retrieval.modeling.config import ImageTowerConfig
-from ce_retrieval.modeling.layers import L2Normalize
+from ce_retrieval.modeling.layers import as_string_batch
 from ce_retrieval.modeling.text_tower import Tower
 
 # Leading bytes of the formats tf.io.decode_image reads (WebP: "RIFF" .... "WEBP", checked on bytes 0-3).
@@ -72,11 +72,7 @@ class ImageDecoder(tf.keras.layers.Layer):
         return tf.clip_by_value(tf.ensure_shape(image, [size, size, 3]), 0.0, 1.0)
 
     def call(self, inputs):
-        data = tf.convert_to_tensor(inputs)
-        if data.dtype != tf.string:
-            raise TypeError(f"ImageDecoder expects a tf.string batch of encoded images, got dtype {data.dtype.name}")
-        if data.shape.rank is not None and data.shape.rank != 1:
-            raise ValueError(f"ImageDecoder expects a rank-1 batch of encoded images [B], got shape {data.shape}")
+        data = as_string_batch(inputs, "ImageDecoder", "encoded images")
         spec = tf.TensorSpec([self.image_size, self.image_size, 3], tf.float32)
         return tf.map_fn(self._decode_one, data, fn_output_signature=spec)
 
@@ -160,13 +156,7 @@ def build_image_tower(cfg: ImageTowerConfig, embedding_dim: int) -> Tower:
     x = PixelNormalization(cfg.pixel_mean, cfg.pixel_std, name="pixel_normalization")(pixels)
     x = backbone(x)
     x = tf.keras.layers.GlobalAveragePooling2D(name="image_pool")(x)
-    x = tf.keras.layers.Dense(embedding_dim, use_bias=False, name="image_projection")(x)
-    embedding = L2Normalize(name="image_embedding")(x)
-    core = tf.keras.Model(pixels, embedding, name="image_core")
-
-    images = tf.keras.Input(shape=(), dtype=tf.string, name="image")
-    encoder = tf.keras.Model(images, core(preprocessor(images)), name="image_encoder")
-    return Tower(preprocessor, core, encoder)
+    return Tower.assemble(preprocessor, pixels, x, embedding_dim, prefix="image", raw_input="image")
 
 
 __all__ = ["ImageDecoder", "PixelNormalization", "build_backbone", "build_image_tower", "set_batchnorm_mode"]

@@ -20,8 +20,9 @@ import tensorflow_text as tf_text
 from official.nlp.modeling import layers as nlp_layers
 from official.nlp.modeling import networks
 
+from ce_retrieval.data.vocab import read_vocab
 from ce_retrieval.modeling.config import TextTowerConfig
-from ce_retrieval.modeling.layers import L2Normalize
+from ce_retrieval.modeling.layers import L2Normalize, as_string_batch
 
 SPECIAL_TOKENS = {"start_of_sequence_id": "[CLS]", "end_of_segment_id": "[SEP]", "padding_id": "[PAD]"}
 BERT_INPUT_KEYS = ("input_word_ids", "input_mask", "input_type_ids")
@@ -34,19 +35,18 @@ class Tower(typing.NamedTuple):
     core: tf.keras.Model
     encoder: tf.keras.Model
 
-
-def read_vocab(vocab_path: str) -> list[str]:
-    """The tokens of a WordPiece vocab file (one per line); checks that the BERT special tokens are there."""
-    if not vocab_path or not tf.io.gfile.exists(vocab_path):
-        raise FileNotFoundError(f"text tower: WordPiece vocab file not found: {vocab_path!r}")
-    with tf.io.gfile.GFile(vocab_path, "r") as f:
-        tokens = [line.rstrip("\n").rstrip("\r") for line in f]
-    while tokens and not tokens[-1]:
-        tokens.pop()
-    missing = [t for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]") if t not in tokens]
-    if missing:
-        raise ValueError(f"text tower: vocab file {vocab_path!r} lacks the special tokens {missing}")
-    return tokens
+    @classmethod
+    def assemble(cls, preprocessor, inputs, features, embedding_dim: int, prefix: str, raw_input: str) -> Tower:
+        """The head both towers share (§4.1): ``features`` projected to ``embedding_dim`` without bias or
+        activation, then L2-normalised (layers ``{prefix}_projection``, ``{prefix}_embedding``); ``core``
+        (``{prefix}_core``) maps ``inputs`` to the embedding, ``encoder`` (``{prefix}_encoder``) a raw tf.string
+        batch (input ``raw_input``) through ``preprocessor`` and ``core``."""
+        projected = tf.keras.layers.Dense(embedding_dim, use_bias=False, name=f"{prefix}_projection")(features)
+        embedding = L2Normalize(name=f"{prefix}_embedding")(projected)
+        core = tf.keras.Model(inputs, embedding, name=f"{prefix}_core")
+        raw = tf.keras.Input(shape=(), dtype=tf.string, name=raw_input)
+        encoder = tf.keras.Model(raw, core(preprocessor(raw)), name=f"{prefix}_encoder")
+        return cls(preprocessor, core, encoder)
 
 
 @tf.keras.utils.register_keras_serializable(package="ce_retrieval")
@@ -74,11 +74,7 @@ class TextPreprocessor(tf.keras.layers.Layer):
         self._tokenizer = tf_text.BertTokenizer(self._table, lower_case=self.lower_case, token_out_type=tf.int64)
 
     def call(self, inputs):
-        strings = tf.convert_to_tensor(inputs)
-        if strings.dtype != tf.string:
-            raise TypeError(f"TextPreprocessor expects a tf.string batch of captions, got dtype {strings.dtype.name}")
-        if strings.shape.rank is not None and strings.shape.rank != 1:
-            raise ValueError(f"TextPreprocessor expects a rank-1 batch of captions [B], got shape {strings.shape}")
+        strings = as_string_batch(inputs, "TextPreprocessor", "captions")
         batch_size = tf.shape(strings)[0]
         pieces = self._tokenizer.tokenize(strings)  # [B, (words), (pieces)] int64
         # Reshape row splits to a static batch size (works around ragged shape inference in Keras graphs).
@@ -202,13 +198,7 @@ def build_text_tower(cfg: TextTowerConfig, embedding_dim: int, vocab_path: str |
         encoder_layer.pooler_layer.trainable = False  # the tanh pooler is unused: no gradient reaches it
     inputs = {key: tf.keras.Input(shape=(cfg.max_seq_length,), dtype=tf.int32, name=key) for key in BERT_INPUT_KEYS}
     pooled = _pool(encoder_layer(inputs), inputs["input_mask"], cfg.pooling, "text tower")
-    projected = tf.keras.layers.Dense(embedding_dim, use_bias=False, name="text_projection")(pooled)
-    embedding = L2Normalize(name="text_embedding")(projected)
-    core = tf.keras.Model(inputs, embedding, name="text_core")
-
-    captions = tf.keras.Input(shape=(), dtype=tf.string, name="caption")
-    encoder = tf.keras.Model(captions, core(preprocessor(captions)), name="text_encoder")
-    return Tower(preprocessor, core, encoder)
+    return Tower.assemble(preprocessor, inputs, pooled, embedding_dim, prefix="text", raw_input="caption")
 
 
-__all__ = ["TextPreprocessor", "Tower", "build_text_tower", "read_vocab"]
+__all__ = ["TextPreprocessor", "Tower", "build_text_tower"]

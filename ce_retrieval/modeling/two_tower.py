@@ -7,6 +7,7 @@ One step on a global batch of B (caption, image, image_id) rows split over R rep
     R_ij = 1[id_i == id_j]                                                   (two captions of one image: both positive)
     L   = loss(R, S)                 fixed λ: the loss applies its own scale λ (= ModelConfig.logit_scale)
     L   = loss(R, λ S), λ = min(exp(s), λ_max)       learned λ (loss must have scale 1)
+    (a loss that ``needs_gram`` gets the joint Gram matrix of [T; V] instead, [2B, 2B], self-pairs ignored)
     text params  <- AdamW step on dL/dθ_text (and on s, the learned log-scale, if any)
     image params <- SGD+momentum step on dL/dθ_image
 
@@ -78,6 +79,7 @@ class TwoTowerModel(tf.keras.Model):
         self.image_optimizer = None
         self._loss_scaling = False
         self._core_jit = False
+        self._joint_gram = False
         self._loss_tracker = tf.keras.metrics.Mean(name="loss")
         self._recall_tracker = tf.keras.metrics.Mean(name="in_batch_recall_at_1")
         self.built = True
@@ -107,17 +109,17 @@ class TwoTowerModel(tf.keras.Model):
     # ------------------------------------------------------------------------------------------------ training
     def compile(
         self,
-        loss="cross_example_softmax",
+        loss=None,
         text_optimizer=None,
         image_optimizer=None,
         jit_compile: bool = False,
-        loss_kwargs: dict | None = None,
         **kwargs,
     ):
         """Sets the retrieval loss and the two optimizers.
 
-        ``loss``: a ``ce_retrieval.losses.RetrievalLoss`` instance or a registered name (built with
-        ``loss_kwargs``; softmax-family losses get ``scale=λ``, or ``scale=1`` when λ is learned).
+        ``loss``: a Keras loss on ``(relevance, S)``, normally built by :class:`ce_retrieval.tasks.RetrievalTask`
+        (which gives it λ = ``logit_scale``); a loss with a logit scale must carry this model's λ, or λ = 1 when
+        the model learns λ and applies it itself.
         ``jit_compile``: XLA-compile the numeric part of the step (towers, gather, loss, gradients).
         Other keyword arguments go to ``tf.keras.Model.compile`` (e.g. ``steps_per_execution``).
         """
@@ -128,7 +130,8 @@ class TwoTowerModel(tf.keras.Model):
         for key in ("optimizer", "metrics", "weighted_metrics", "loss_weights"):
             if kwargs.get(key) is not None:
                 raise ValueError(f"TwoTowerModel.compile does not take {key}=; it owns its optimizers and metrics")
-        self.retrieval_loss = self._resolve_loss(loss, dict(loss_kwargs or {}))
+        self.retrieval_loss = self._check_loss(loss)
+        self._joint_gram = bool(getattr(loss, "needs_gram", False))
 
         policy = tf.keras.mixed_precision.global_policy()
         self._loss_scaling = policy.name == "mixed_float16"
@@ -150,35 +153,32 @@ class TwoTowerModel(tf.keras.Model):
         self.text_optimizer.build(self.text_variables)
         self.image_optimizer.build(self.image_variables)
 
-    def _resolve_loss(self, loss, loss_kwargs):
-        from ce_retrieval import losses as losses_lib
-
+    def _check_loss(self, loss):
+        """The loss, if its logit scale (the ``logit_scale`` capability of ce_retrieval losses) fits this model."""
         if isinstance(loss, (str, dict)):
-            identifier = loss
-            loss = losses_lib.get(identifier, **loss_kwargs)
-            if hasattr(loss, "scale") and "scale" not in loss_kwargs:  # softmax family: λ comes from the model
-                loss_kwargs["scale"] = 1.0 if self.learn_logit_scale else self.initial_logit_scale
-                loss = losses_lib.get(identifier, **loss_kwargs)
-        elif loss_kwargs:
-            raise ValueError("TwoTowerModel.compile: loss_kwargs are only used with a loss given by name")
+            raise TypeError(
+                f"TwoTowerModel.compile: pass a loss instance (got {loss!r}); ce_retrieval.tasks.build_loss or "
+                "RetrievalTask builds one from a config with this model's λ"
+            )
         if not isinstance(loss, tf.keras.losses.Loss):
-            raise TypeError(f"TwoTowerModel.compile: loss must be a Keras Loss or a registered name, got {loss!r}")
-        scale = getattr(loss, "scale", None)
+            raise TypeError(f"TwoTowerModel.compile: loss must be a Keras Loss, got {loss!r}")
+        scale = getattr(loss, "logit_scale", None)  # None: a loss without a logit scale (or a plain Keras loss)
+        name = type(loss).__name__
         if self.learn_logit_scale:
             if scale is None:
                 raise ValueError(
-                    f"learn_logit_scale=True multiplies the cosine matrix by a learned λ, which only a softmax-family "
-                    f"loss with a `scale` argument expects; {type(loss).__name__} has none"
+                    f"learn_logit_scale=True multiplies the cosine matrix by a learned λ, which only a loss with a "
+                    f"logit scale expects; {name} has none"
                 )
             if abs(float(scale) - 1.0) > 1e-6:
                 raise ValueError(
                     f"learn_logit_scale=True: the model applies the learned λ itself, so the loss must have "
-                    f"scale=1.0 (got {type(loss).__name__}(scale={scale}))"
+                    f"λ = 1, e.g. scale=1.0 (got {name} with λ = {scale:g})"
                 )
         elif scale is not None and abs(float(scale) - self.initial_logit_scale) > 1e-6:
             raise ValueError(
-                f"logit scale mismatch: the model's logit_scale is {self.initial_logit_scale} but the loss "
-                f"{type(loss).__name__} has scale={scale}; set both to the same λ"
+                f"logit scale mismatch: the model's logit_scale is {self.initial_logit_scale:g} but the loss "
+                f"{name} has λ = {scale:g}; set both to the same λ (RetrievalTask does)"
             )
         return loss
 
@@ -227,8 +227,16 @@ class TwoTowerModel(tf.keras.Model):
         ids_all = gather_from_replicas(ids)
         cosine = cosine_similarity(text_all, image_all)
         relevance = relevance_from_ids(ids_all, ids_all)
-        scores = cosine * self.logit_scale if self.learn_logit_scale else cosine
-        loss = self.retrieval_loss(relevance, scores)
+        if self._joint_gram:  # one embedding set [text; image]: S = E Eᵀ, self-pairs ignored
+            joint = tf.concat([text_all, image_all], axis=0)
+            joint_ids = tf.concat([ids_all, ids_all], axis=0)
+            loss_relevance = relevance_from_ids(joint_ids, joint_ids, exclude_self=True)
+            loss_scores = cosine_similarity(joint, joint)
+        else:
+            loss_relevance, loss_scores = relevance, cosine
+        if self.learn_logit_scale:
+            loss_scores = loss_scores * self.logit_scale
+        loss = self.retrieval_loss(loss_relevance, loss_scores)
         if self.losses:  # regularisers of the towers: identical on every replica, so scale like the loss
             loss += tf.add_n([tf.cast(x, tf.float32) for x in self.losses]) / float(num_replicas())
         return loss, cosine, relevance

@@ -1,12 +1,31 @@
 """ce_retrieval.serving: a trained two-tower model as deployable artefacts (see export/README.md).
 
-    export.py      both towers as TF Serving SavedModels, versioned and written atomically (``ce-retrieval export``)
-    index.py       ScaNN index of a gallery next to an export, with manifest and calibrated thresholds (``index``)
+    export.py      both towers as TF Serving SavedModels, versioned and written atomically (``export_encoders``)
+    index.py       ScaNN index of a gallery next to an export, with manifest and calibrated thresholds (``build_index``)
     gallery.py     a loaded index: top-k (ScaNN or exact) and exact threshold search; model binding checks
     partitions.py  ball-bounded k-means leaves that make threshold search exact yet prunable
-    searcher.py    text -> image search over one export version (``query``)
-    service.py     FastAPI/uvicorn HTTP JSON service with validation, metrics and hot reload (``serve``)
-    metrics.py     Prometheus text-format request metrics;  layout.py  folder layout and atomic publishing
+    searcher.py    text -> image search over one export version (``Searcher``)
+    service.py     FastAPI/uvicorn HTTP JSON service with validation, metrics and hot reload (``create_app``)
+    metrics.py     Prometheus text-format request metrics;  layout.py  folder layout of an export
 
-Submodules are imported on demand so that ``import ce_retrieval`` stays light.
+The ``export``, ``index``, ``query`` and ``serve`` commands are in :mod:`ce_retrieval.cli`.
 """
+from ce_retrieval.serving.export import ExportPaths, embed_with_keras, export_encoders, load_signature
+from ce_retrieval.serving.gallery import GalleryIndex, IndexMismatchError
+from ce_retrieval.serving.index import build_index
+from ce_retrieval.serving.searcher import QueryResult, Searcher
+from ce_retrieval.serving.service import create_app, serve_in_thread
+
+__all__ = [
+    "ExportPaths",
+    "GalleryIndex",
+    "IndexMismatchError",
+    "QueryResult",
+    "Searcher",
+    "build_index",
+    "create_app",
+    "embed_with_keras",
+    "export_encoders",
+    "load_signature",
+    "serve_in_thread",
+]

@@ -1,4 +1,4 @@
-"""Export the two towers as TF Serving SavedModels (CLI ``ce-retrieval export``).
+"""Export the two towers as TF Serving SavedModels (used by the ``ce-retrieval export`` command).
 
 Each tower becomes one SavedModel in TF Serving's layout, ``<export_dir>/<tower>/<version>/``, with two named
 signatures that compute the same thing:
@@ -29,6 +29,7 @@ import numpy as np
 
 import ce_retrieval
 from ce_retrieval.serving import layout
+from ce_retrieval.utils import atomic
 
 PROBE_TEXTS = ("a dog runs along the beach", "two people ride bicycles in a city street", "ce_retrieval probe 0123")
 TEXT_INPUT, IMAGE_INPUT, OUTPUT = "text", "image_bytes", "embedding"
@@ -205,7 +206,7 @@ def export_encoders(text_encoder, image_encoder, export_dir: str, version: int |
         ops: set[str] = set()
         for part, encoder, input_name, names in ((layout.TEXT_ENCODER, text_encoder, TEXT_INPUT, TEXT_SIGNATURES),
                                                  (layout.IMAGE_ENCODER, image_encoder, IMAGE_INPUT, IMAGE_SIGNATURES)):
-            temps[part] = layout.temp_dir_for(finals[part])
+            temps[part] = atomic.temp_dir_for(finals[part])
             module = _servable(encoder, input_name)
             tf.saved_model.save(module, temps[part], signatures={name: module.embed for name in names})
             ops.update(custom_ops(temps[part]))
@@ -216,36 +217,14 @@ def export_encoders(text_encoder, image_encoder, export_dir: str, version: int |
             _check_probes(temps[layout.TEXT_ENCODER], TEXT_INPUT, PROBE_TEXTS, text_probe)
             _check_probes(temps[layout.IMAGE_ENCODER], IMAGE_INPUT, probes_img, image_probe)
         for part in (layout.TEXT_ENCODER, layout.IMAGE_ENCODER):
-            layout.publish(temps[part], finals[part])
+            atomic.publish_directory(temps[part], finals[part])
             published.append(finals[part])
     except BaseException:
         for path in published:  # roll back a half-published version (the text tower without its image tower)
-            layout.remove_quietly(path)
+            atomic.remove_tree(path)
         raise
     finally:
         for path in temps.values():
-            layout.remove_quietly(path)
+            atomic.remove_tree(path)
     return ExportPaths(version, finals[layout.TEXT_ENCODER], finals[layout.IMAGE_ENCODER], meta)
 
-
-# ----------------------------------------------------------------------------------------------------- CLI
-def add_arguments(parser) -> None:
-    parser.add_argument("--model_dir", required=True, help="a trained model directory (see ce_retrieval.training)")
-    parser.add_argument("--export_dir", required=True, help="where <tower>/<version>/ SavedModels are written")
-    parser.add_argument("--version", type=int, default=None, help="version number (default: one more than the newest)")
-    parser.add_argument("--no_verify", action="store_true", help="skip reloading the SavedModels before publishing")
-
-
-def run(args) -> int:
-    from ce_retrieval.training import load_trained  # lazy: the training stack is only needed here
-
-    cfg, model = load_trained(args.model_dir)
-    config = dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else {}
-    scale = getattr(model, "logit_scale", None)
-    paths = export_encoders(model.text_encoder, model.image_encoder, args.export_dir, args.version,
-                            metadata={"model_dir": os.path.abspath(args.model_dir), "config": config},
-                            logit_scale=None if scale is None else float(np.asarray(scale)), verify=not args.no_verify)
-    print(f"exported version {paths.version}:\n  {paths.text_encoder}\n  {paths.image_encoder}")
-    if paths.metadata["custom_ops"]:
-        print("  custom ops a TF Serving build must link: " + ", ".join(paths.metadata["custom_ops"]))
-    return 0

@@ -20,6 +20,7 @@ import numpy as np
 # quantiser training ~50x slower on our 2-core machine (15 s instead of 0.3 s for 5,000 points; measured).
 from scann.scann_ops.py import scann_ops_pybind
 
+from ce_retrieval.evaluation.search import ExactSearch
 from ce_retrieval.serving import layout
 from ce_retrieval.serving.partitions import BallPartitions, threshold_search
 
@@ -34,25 +35,6 @@ def ids_digest(ids: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(ids, dtype=np.int64).tobytes()).hexdigest()
 
 
-def exact_topk(queries: np.ndarray, gallery: np.ndarray, k: int, chunk: int = 65536) -> tuple[np.ndarray, np.ndarray]:
-    """Exact top-k rows and scores (descending) by chunked matmul with a running top-k; memory O(B (k + chunk))."""
-    queries = np.asarray(queries, dtype=np.float32)
-    k = min(k, len(gallery))
-    best_s = np.full((len(queries), 0), -np.inf, dtype=np.float32)
-    best_r = np.zeros((len(queries), 0), dtype=np.int64)
-    for s in range(0, len(gallery), chunk):
-        block = queries @ gallery[s:s + chunk].T
-        cand_s = np.concatenate([best_s, block], axis=1)
-        cand_r = np.concatenate([best_r, np.broadcast_to(np.arange(s, s + block.shape[1]), block.shape)], axis=1)
-        if cand_s.shape[1] > k:
-            part = np.argpartition(-cand_s, k - 1, axis=1)[:, :k]
-            cand_s = np.take_along_axis(cand_s, part, 1)
-            cand_r = np.take_along_axis(cand_r, part, 1)
-        best_s, best_r = cand_s, cand_r
-    order = np.lexsort((best_r, -best_s), axis=1) if best_s.size else np.zeros_like(best_r)
-    return np.take_along_axis(best_r, order, 1), np.take_along_axis(best_s, order, 1)
-
-
 class GalleryIndex:
     """Searches one ``<export_dir>/index/<version>/`` folder. Rows are in the index's internal (leaf) order."""
 
@@ -64,6 +46,14 @@ class GalleryIndex:
         params = manifest.get("params") or {}
         self.leaves_to_search = params.get("leaves_to_search")
         self.reorder = params.get("reorder_num_neighbors")
+        self._exact = None  # ExactSearch over the embeddings, made on first use (checks the gallery once)
+
+    def _exact_rows(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Exact top-k rows and scores (``ce_retrieval.evaluation.search``: score descending, ties to the lower
+        row, memory bounded by one score block)."""
+        if self._exact is None:
+            self._exact = ExactSearch(self.embeddings)
+        return self._exact(queries, k)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -102,7 +92,7 @@ class GalleryIndex:
         queries = np.ascontiguousarray(queries, dtype=np.float32)
         k = min(int(k), len(self))
         if self.scann is None or exact:
-            return exact_topk(queries, self.embeddings, k)
+            return self._exact_rows(queries, k)
         pre = max(int(self.reorder or 0), k)
         num_leaves = int(self.manifest["params"]["num_leaves"])
         # search enough leaves to hold ~2x the candidates asked for (large k), never more than all of them
@@ -115,7 +105,7 @@ class GalleryIndex:
         rows, scores = np.asarray(rows, dtype=np.int64), np.asarray(scores, dtype=np.float32)
         short = ~np.all(np.isfinite(scores), axis=1)  # ScaNN pads with (row 0, NaN) when it found fewer than k
         if short.any():
-            rows[short], scores[short] = exact_topk(queries[short], self.embeddings, k)
+            rows[short], scores[short] = self._exact_rows(queries[short], k)
         return rows, scores
 
     def topk(self, queries: np.ndarray, k: int, **kw) -> tuple[np.ndarray, np.ndarray]:

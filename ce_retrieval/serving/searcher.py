@@ -1,4 +1,4 @@
-"""Text -> image search over an export (CLI ``ce-retrieval query``).
+"""Text -> image search over an export (used by the ``ce-retrieval query`` command and the service).
 
 ``Searcher.load(export_dir)`` takes the newest version that has both encoders and an index, loads the text
 encoder SavedModel and the index, and refuses to pair them unless the index was built by that model
@@ -139,29 +139,3 @@ class Searcher:
             out.append(QueryResult(i, s, self.precision_levels(s), truncated=bool(cut)))
         return out
 
-
-# ----------------------------------------------------------------------------------------------------- CLI
-def add_arguments(parser) -> None:
-    parser.add_argument("--export_dir", required=True)
-    parser.add_argument("--text", action="append", required=True, help="a caption to search with (repeatable)")
-    parser.add_argument("--version", type=int, default=None, help="export version (default: newest servable)")
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--k", type=int, default=None, help="top-k search (default 5)")
-    mode.add_argument("--threshold", type=float, default=None, help="every image with score >= this cosine score")
-    mode.add_argument("--precision", type=float, default=None, help="use the threshold calibrated for this precision")
-    parser.add_argument("--limit", type=int, default=100, help="at most this many threshold hits per text")
-
-
-def run(args) -> int:
-    searcher = Searcher.load(args.export_dir, args.version)
-    k = args.k if args.k is not None or args.threshold is not None or args.precision is not None else 5
-    results = searcher.search(args.text, k, threshold=args.threshold, precision=args.precision, limit=args.limit)
-    tau = args.threshold if args.precision is None else searcher.threshold_for_precision(args.precision)
-    print(f"export version {searcher.version}, {len(searcher.index)} gallery items"
-          + (f", threshold {tau:.4f}" if tau is not None else ""))
-    for text, res in zip(args.text, results, strict=True):
-        print(f"{text!r}: {len(res.ids)} hit(s){' (truncated)' if res.truncated else ''}")
-        for rank, (i, s, p) in enumerate(zip(res.ids, res.scores, res.precision_levels, strict=True), 1):
-            level = f"  precision>={p:g}" if p is not None else ""
-            print(f"  {rank:>3}. id {int(i):>10}  score {float(s):.4f}{level}")
-    return 0

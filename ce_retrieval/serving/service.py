@@ -1,4 +1,4 @@
-"""HTTP JSON retrieval service over an export (CLI ``ce-retrieval serve``), built on FastAPI + uvicorn.
+"""HTTP JSON retrieval service over an export (``ce-retrieval serve``), built on FastAPI + uvicorn.
 
     POST /search   {"texts": ["a dog on a beach"], "k": 10}          top-k images per text
                    {"texts": [...], "threshold": 0.62}               every image with cosine score >= 0.62
@@ -276,27 +276,3 @@ def serve_in_thread(app, host: str = "127.0.0.1", port: int = 0, startup_timeout
         server.should_exit = True
         thread.join(timeout=30)
 
-
-# ----------------------------------------------------------------------------------------------------- CLI
-def add_arguments(parser) -> None:
-    parser.add_argument("--export_dir", required=True)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8080)
-    parser.add_argument("--reload_interval", type=float, default=10.0, help="seconds between checks for a new version (0: off)")
-    parser.add_argument("--timeout", type=float, default=5.0, help="per-request search deadline in seconds")
-    parser.add_argument("--max_texts", type=int, default=64)
-    parser.add_argument("--max_k", type=int, default=1000)
-    parser.add_argument("--max_results", type=int, default=1000, help="cap on threshold hits per text")
-    parser.add_argument("--max_body_bytes", type=int, default=1 << 20)
-    parser.add_argument("--max_concurrency", type=int, default=8, help="searches running at once")
-
-
-def run(args) -> int:
-    import uvicorn
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app = create_app(args.export_dir, max_texts=args.max_texts, max_k=args.max_k, max_results=args.max_results,
-                     max_body_bytes=args.max_body_bytes, timeout_s=args.timeout, reload_interval_s=args.reload_interval,
-                     max_concurrency=args.max_concurrency)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=30)
-    return 0

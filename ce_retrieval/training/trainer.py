@@ -2,7 +2,8 @@
 
 The program is the same under every strategy (Model Garden style: a strategy scope, a model, a dataset, fit):
 
-    strategy → precision policy → data (global batch) → model + two optimizers + loss (in scope) → fit
+    strategy → precision policy → task (:class:`~ce_retrieval.tasks.RetrievalTask`: data at the global batch,
+    model + loss + two optimizers built in scope, callbacks) → fit
 
 ``model_dir`` layout: ``config.yaml`` (resolved config), ``vocab.txt``, ``backup/`` (``BackupAndRestore``: a
 killed run restarts where the last backup left it, same total step count), ``checkpoints/{latest,best}/``
@@ -18,6 +19,7 @@ import time
 import tensorflow as tf
 
 from ce_retrieval.configs import save_yaml
+from ce_retrieval.tasks import RetrievalTask
 from ce_retrieval.training import distribute
 from ce_retrieval.training.callbacks import ThroughputLogger, WeightsCheckpoint
 from ce_retrieval.utils.atomic import atomic_write_text
@@ -39,32 +41,8 @@ def _quiet_known_noise() -> None:
 
 
 def steps_per_epoch(cfg) -> int:
-    """Configured steps, or one pass over the training captions (needs a known dataset size)."""
-    if cfg.train.steps_per_epoch:
-        return int(cfg.train.steps_per_epoch)
-    from ce_retrieval import data
-
-    n = int(tf.data.experimental.cardinality(data.load_examples(cfg.data, "train")).numpy())
-    if n < 0:
-        raise ValueError("the training set's size is unknown; set train.steps_per_epoch")
-    if n < cfg.train.batch_size:
-        raise ValueError(f"the training split has {n} captions, fewer than train.batch_size={cfg.train.batch_size}")
-    return n // cfg.train.batch_size
-
-
-def build_compiled_model(cfg, vocab_path: str, total_steps: int):
-    """Model, optimizers and loss, compiled. Call inside the strategy scope."""
-    from ce_retrieval import modeling
-
-    model = modeling.build_two_tower(cfg.model, vocab_path)
-    text_optimizer, image_optimizer = modeling.build_optimizers(cfg.train.optimizer, total_steps)
-    model.compile(
-        loss=cfg.loss.build(),
-        text_optimizer=text_optimizer,
-        image_optimizer=image_optimizer,
-        jit_compile=cfg.train.jit_compile,
-    )
-    return model
+    """Configured steps, or one pass over the training captions (see :meth:`RetrievalTask.steps_per_epoch`)."""
+    return RetrievalTask(cfg).steps_per_epoch()
 
 
 def train(cfg, model_dir: str, extra_callbacks=(), print_fn=print) -> dict:
@@ -81,6 +59,8 @@ def train(cfg, model_dir: str, extra_callbacks=(), print_fn=print) -> dict:
         tf.config.experimental.enable_op_determinism()
         tf.random.set_global_generator(tf.random.Generator.from_seed(cfg.train.seed))  # keras-cv draws from it
 
+    task = RetrievalTask(cfg)
+    task.build_loss()  # a wrong loss.name / loss.kwargs fails here, before any data or vocabulary work
     model_dir = os.path.abspath(model_dir)
     out_dir = distribute.worker_dir(model_dir)
     os.makedirs(out_dir, exist_ok=True)
@@ -88,20 +68,16 @@ def train(cfg, model_dir: str, extra_callbacks=(), print_fn=print) -> dict:
         save_yaml(cfg, os.path.join(model_dir, "config.yaml"))
     vocab_path = data.vocab_path_for(cfg.data, out_dir)  # out_dir/vocab.txt (given file copied, or learned)
 
-    spe = steps_per_epoch(cfg)
+    spe = task.steps_per_epoch()
     total_steps = spe * cfg.train.epochs
-    dataset = data.train_pipeline(cfg.data, "train", cfg.train.batch_size, seed=cfg.train.seed)
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-    dataset = dataset.with_options(options)
+    dataset = task.build_dataset()
 
     with strategy.scope():
-        model = build_compiled_model(cfg, vocab_path, total_steps)
+        model = task.build_compiled_model(vocab_path, total_steps)
 
     callbacks = [
         ThroughputLogger(cfg.train.batch_size, print_fn=print_fn if distribute.is_chief() else None),
-        *_loss_callbacks(model),
-        *_evaluation_callbacks(cfg, out_dir),
+        *task.build_callbacks(model, out_dir),
         *extra_callbacks,
         tf.keras.callbacks.BackupAndRestore(
             os.path.join(out_dir, "backup"), save_freq=cfg.train.backup_every_steps, delete_checkpoint=True
@@ -118,8 +94,7 @@ def train(cfg, model_dir: str, extra_callbacks=(), print_fn=print) -> dict:
     ]
     if print_fn and distribute.is_chief():
         print_fn(
-            f"[train] {cfg.name}: loss {cfg.loss.name}, {strategy.num_replicas_in_sync} replica(s) "
-            f"({type(strategy).__name__}), policy {policy}, global batch {cfg.train.batch_size}, "
+            f"[train] {cfg.name}: {task.describe(model, strategy)}, policy {policy}, global batch {cfg.train.batch_size}, "
             f"{cfg.train.epochs} epochs x {spe} steps"
         )
     start = time.perf_counter()
@@ -141,33 +116,6 @@ def train(cfg, model_dir: str, extra_callbacks=(), print_fn=print) -> dict:
     else:
         shutil.rmtree(out_dir, ignore_errors=True)
     return summary
-
-
-def _loss_callbacks(model) -> list:
-    """Losses with a training-step schedule (A-Softmax's annealed lambda) follow ``optimizer.iterations``."""
-    loss = getattr(model, "retrieval_loss", None)
-    if isinstance(getattr(loss, "step", None), tf.Variable):
-        from ce_retrieval.losses.margin_softmax import AnnealingStepCallback
-
-        return [AnnealingStepCallback(loss)]
-    return []
-
-
-def _evaluation_callbacks(cfg, out_dir: str) -> list:
-    if not cfg.evaluation.every_n_epochs:
-        return []
-    from ce_retrieval import data
-    from ce_retrieval.evaluation.callback import RetrievalEvaluationCallback
-
-    split = data.load_retrieval_split(cfg.data, cfg.evaluation.split)
-    return [
-        RetrievalEvaluationCallback(
-            split,
-            every_n_epochs=cfg.evaluation.every_n_epochs,
-            batch_size=cfg.evaluation.batch_size,
-            log_dir=os.path.join(out_dir, "logs", "validation"),
-        )
-    ]
 
 
 def load_trained(model_dir: str, which: str = "best"):

@@ -1,1 +1,7 @@
-"""Small shared utilities (atomic file writes, fingerprints)."""
+"""Small shared utilities of the library's own modules (``atomic``: atomic file and directory writes).
+
+They are implementation details, so nothing is re-exported here; library code imports the submodule
+(``from ce_retrieval.utils.atomic import atomic_write_text``).
+"""
+
+__all__: list[str] = []

@@ -63,3 +63,19 @@ def test_yaml_round_trip(tmp_path):
     (tmp_path / "bad.yaml").write_text("name: [unclosed")
     with pytest.raises(ConfigError, match="invalid YAML"):
         load_yaml(Outer, str(tmp_path / "bad.yaml"))
+
+
+def test_config_constructors_build_nested_mappings_with_from_dict():
+    # DataConfig / ModelConfig accept nested mappings (``dataclasses.asdict`` output, an export's metadata); they
+    # used to splat them (``SplitPaths(**d)``: a TypeError without the key path, no type checks). The rule is the
+    # one config-from-dict's: unknown keys and wrong types are ConfigErrors naming the key path.
+    from ce_retrieval.data.config import DataConfig, SplitPaths
+    from ce_retrieval.modeling.config import ModelConfig
+
+    assert DataConfig(tsv_path={"train": "/t.tsv"}).tsv_path == SplitPaths(train="/t.tsv")
+    with pytest.raises(ConfigError, match="tsv_path.trian"):
+        DataConfig(tsv_path={"trian": "/t.tsv"})
+    with pytest.raises(ConfigError, match="text.max_seq_length: expected an integer"):
+        ModelConfig(text={"max_seq_length": "long"})
+    hue = ModelConfig(image={"augmentation": {"hue": 0}}).image.augmentation.hue
+    assert hue == 0.0 and isinstance(hue, float)  # coerced to the declared type

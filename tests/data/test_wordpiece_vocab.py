@@ -40,3 +40,25 @@ def test_vocab_is_deterministic_and_validated(tmp_path):
         build_vocab(CORPUS, vocab_size=3)
     with pytest.raises(ValueError, match="empty"):
         build_vocab([], vocab_size=100)
+
+
+def test_one_reader_accepts_built_and_pretrained_bert_vocabs(tmp_path):
+    # The data pipeline's and the text tower's readers disagreed: the first wanted the five specials first (so it
+    # refused a pretrained BERT vocab.txt, whose [UNK] [CLS] [SEP] follow [unusedN] tokens), the second only that
+    # the four the tokenizer and packer look up are present (it also dropped trailing blank lines, which the
+    # tower's lookup table then refused). The rule: those four anywhere, unique tokens, no blank lines.
+    from ce_retrieval.modeling import text_tower
+
+    assert text_tower.read_vocab is read_vocab
+    bert = ["[PAD]", "[unused0]", "[unused1]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "dog", "##s"]
+    path = tmp_path / "bert_vocab.txt"
+    path.write_bytes(("\r\n".join(bert) + "\r\n").encode())  # CRLF line ends
+    assert read_vocab(str(path)) == bert
+    ids = tokenizer(str(path)).tokenize(["The dogs", "zebra"]).merge_dims(-2, -1).to_list()
+    assert ids == [[7, 8, 9], [3]]  # [UNK] is found by name (id 3 here)
+    for bad, match in ((bert[:5] + bert[6:], r"\[SEP\]"), (bert + ["dog"], "duplicate"), (bert + [""], "empty")):
+        path.write_text("\n".join(bad) + "\n")
+        with pytest.raises(ValueError, match=match):
+            read_vocab(str(path))
+    with pytest.raises(FileNotFoundError):
+        read_vocab(str(tmp_path / "missing.txt"))

@@ -136,3 +136,23 @@ def test_scann_searcher_plugs_in(rng):
     assert report["neighbour_recall"][10] > 0.7
     assert abs(report["loss"][1]) < 0.1
     assert recall_at_k(q, d, ids, ids, search_fn=brute)["t2i"] == pytest.approx(recall_at_k(q, d, ids, ids)["t2i"], abs=0.01)
+
+
+def test_one_scann_setup_for_evaluation_and_serving(rng):
+    # ScannSearch and the serving index had their own ScaNN builders; they disagreed on the tree (plain vs
+    # spherical k-means) and the re-ranking depth (max(k, 100) vs 100, or 200 from 500,000 items). The rule now
+    # shared (evaluation.ann.build_scann / default_params): spherical leaves, and re-rank at least the k results
+    # asked for, 100 candidates, or 200 on galleries of 500,000 items or more.
+    from ce_retrieval.evaluation.ann import IndexParams, ScannSearch, default_params, scann_builder
+
+    p = default_params(4000)
+    assert (p.num_leaves, p.training_sample_size, p.reorder_num_neighbors, p.spherical_tree) == (63, 4000, 100, True)
+    assert default_params(600_000).reorder_num_neighbors == 200
+    assert default_params(4000, num_neighbors=300).reorder_num_neighbors == 300
+    assert default_params(4000, IndexParams(num_leaves=7, reorder_num_neighbors=50)).num_leaves == 7
+    d = rng.standard_normal((600, 16)).astype(np.float32)
+    d /= np.linalg.norm(d, axis=1, keepdims=True)
+    search = ScannSearch(d, max_k=150)
+    assert search.params == default_params(600, IndexParams(training_sample_size=600), num_neighbors=150)
+    config = scann_builder(d, search.params, 150).create_config()
+    assert "partitioning_type: SPHERICAL" in config and "approx_num_neighbors: 150" in config

@@ -1,12 +1,13 @@
-"""Pair/triplet losses: exact values against NumPy transcriptions of the papers and against
-pytorch-metric-learning, gradients (finite differences of the float64 reference), XLA, mixed precision,
-serialisation and errors."""
+"""Pair/triplet losses: exact values against NumPy transcriptions of the papers (``reference.py``) and against
+pytorch-metric-learning, gradients (finite differences of the float64 reference) and errors. Serialisation,
+XLA, mixed precision and bad inputs of every loss: ``test_contract.py``; the per-slot / sorted speed paths:
+``test_fast_paths.py``."""
 import functools
 import re
 
-import dml_reference as ref
 import numpy as np
 import pytest
+import reference as ref
 import tensorflow as tf
 
 from ce_retrieval import losses
@@ -64,7 +65,7 @@ CASES = {
     "infonce": (lambda: InfoNCE(temperature=0.1), P(ref.npair, scale=10.0), False),
     "symmetric_infonce": (
         lambda: SymmetricInfoNCE(temperature=0.2),
-        lambda s, r: 0.5 * (ref.npair(s, r, scale=5.0) + ref.npair(s.T, r.T, scale=5.0)),
+        lambda r, s: 0.5 * (ref.npair(r, s, scale=5.0) + ref.npair(r.T, s.T, scale=5.0)),
         False,
     ),
     "angular": (lambda: AngularLoss(alpha=45.0), P(ref.angular, alpha=45.0), True),
@@ -111,7 +112,7 @@ def test_value_matches_numpy_reference(name):
     factory, reference, square = CASES[name]
     for s, r in batches(square):
         got = float(factory()(r, s))
-        want = reference(s.astype(np.float64), r)
+        want = reference(r, s.astype(np.float64))
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-6, err_msg=name)
 
 
@@ -132,61 +133,8 @@ def test_gradient_matches_finite_differences_of_reference(name):
         for _ in range(2):
             v = rng.normal(size=s.shape)
             eps = 1e-6
-            fd = (reference(s64 + eps * v, r) - reference(s64 - eps * v, r)) / (2 * eps)
+            fd = (reference(r, s64 + eps * v) - reference(r, s64 - eps * v)) / (2 * eps)
             np.testing.assert_allclose(np.sum(grad * v), fd, rtol=2e-3, atol=2e-4, err_msg=name)
-
-
-def _value_and_grad(loss, r, x):
-    with tf.GradientTape() as tape:
-        tape.watch(x)
-        value = loss(r, x)
-    return value, tape.gradient(value, x)
-
-
-def test_xla_equals_eager_for_every_loss():
-    """One jit-compiled function evaluates every distinct op path: the sorted merge (triplet 'all'), the
-    semi-hard miner's argsorts and gathers, the angular matmul with the N-pair log-sum-exps, multi-similarity
-    mining. XLA compiles slowly on a shared CPU, so the losses built only from masked means and log-sum-exps
-    (binomial, contrastive, circle, lifted, InfoNCE) are left to the eager tests."""
-    names = ["angular_npair", "angular_npair_matmul", "multi_similarity", "triplet_all", "triplet_all_sorted",
-             "triplet_semi_hard", "triplet_semi_hard_sorted", "triplet_semi_hard_hardest_positive"]
-    instances = [CASES[n][0]() for n in names]
-    inputs = [batches(CASES[n][2])[0] for n in names]
-
-    def evaluate(scores):
-        return [_value_and_grad(loss, r, x) for loss, (_, r), x in zip(instances, inputs, scores, strict=True)]
-
-    scores = [tf.constant(s) for s, _ in inputs]
-    eager = evaluate(scores)
-    xla = tf.function(evaluate, jit_compile=True, autograph=False)(scores)
-    for name, (ev, eg), (xv, xg) in zip(names, eager, xla, strict=True):
-        np.testing.assert_allclose(xv.numpy(), ev.numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
-        np.testing.assert_allclose(xg.numpy(), eg.numpy(), rtol=1e-4, atol=1e-6, err_msg=name)
-
-
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_mixed_precision_inputs(name):
-    factory, _, square = CASES[name]
-    loss = factory()
-    s, r = batches(square)[0]
-    for dtype in (tf.float16, tf.bfloat16):
-        low = tf.cast(s, dtype)
-        v, g = _value_and_grad(loss, r, low)
-        assert v.dtype == tf.float32 and g.dtype == dtype
-        np.testing.assert_allclose(v.numpy(), loss(r, tf.cast(low, tf.float32)).numpy(), rtol=1e-6)
-        assert np.all(np.isfinite(tf.cast(g, tf.float32).numpy()))
-
-
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_serialisation_round_trip(name):
-    factory, _, square = CASES[name]
-    loss = factory()
-    s, r = batches(square)[0]
-    clone = tf.keras.losses.deserialize(tf.keras.losses.serialize(loss))
-    assert type(clone) is type(loss) and clone.get_config() == loss.get_config()
-    again = losses.get({"class_name": type(loss).__name__, "config": loss.get_config()})
-    for other in (clone, again):
-        np.testing.assert_allclose(float(other(r, s)), float(loss(r, s)), rtol=1e-6)
 
 
 def test_npair_equals_infonce_and_symmetric_infonce_is_clip():
@@ -217,91 +165,6 @@ def test_vse_plus_plus_max_violation_bidirectional():
     vsepp_sum = cost_s.sum() + cost_im.sum()
     loss = TripletLoss(margin=m, distance="cosine", max_violation=True, bidirectional=True)
     np.testing.assert_allclose(float(loss(np.eye(6, dtype=np.float32), s)) * 2 * 6, vsepp_sum, rtol=1e-5)
-
-
-def uneven_batch(seed=12):
-    """S = E E^T whose rows have 0, 1, 2, 3 or 6 positives (and ignored pairs): every slot count, the bound, the
-    fallback."""
-    ids = np.array([0] * 7 + [1] * 4 + [2] * 3 + [3] * 2 + [4, 5, 6])
-    rng = np.random.default_rng(seed)
-    e = rng.normal(size=(ids.size, 5)) + 1.5 * rng.normal(size=(7, 5))[ids]
-    e = (e / np.linalg.norm(e, axis=1, keepdims=True)).astype(np.float32)
-    r = relevance_from_ids(ids, ids, exclude_self=True).numpy()
-    r[1, 8] = r[9, 2] = -1.0  # an ignored pair in a couple of rows
-    return (e @ e.T).astype(np.float32), r
-
-
-@pytest.mark.parametrize(
-    "make, reference",
-    [
-        (lambda k: TripletLoss(positive_slots=k), ref.triplet),
-        (lambda k: TripletLoss(distance="euclidean", average_nonzero=True, positive_slots=k),
-         P(ref.triplet, distance="euclidean", average_nonzero=True)),
-        (lambda k: TripletLoss(mining="semi-hard", distance="cosine", positive_slots=k),
-         P(ref.triplet, mining="semi-hard", distance="cosine")),
-        (lambda k: AngularLoss(positive_slots=k), ref.angular),
-        (lambda k: AngularLoss(with_npair=True, positive_slots=k), P(ref.angular, with_npair=True)),
-    ],
-    ids=["triplet_all", "triplet_all_nonzero", "triplet_semi_hard", "angular", "angular_npair"],
-)
-def test_positive_slots_and_general_path_agree(make, reference):
-    """Per-slot evaluation (rows with <= positive_slots positives: 6 and 8), the fallback when a row has more
-    (6 > 3) and the general path (0) give the reference value and the same gradient, eagerly and under XLA."""
-    s, r = uneven_batch()
-    want = reference(s.astype(np.float64), r)
-    runs = {}
-    for k in (0, 3, 6, 8):
-        loss = make(k)
-        runs[k] = [t.numpy() for t in _value_and_grad(loss, r, tf.constant(s))]
-        np.testing.assert_allclose(runs[k][0], want, rtol=2e-5, err_msg=f"positive_slots={k}")
-        np.testing.assert_allclose(runs[k][1], runs[0][1], rtol=1e-4, atol=1e-6, err_msg=f"positive_slots={k}")
-    xla = tf.function(lambda x: _value_and_grad(make(6), r, x), jit_compile=True, autograph=False)(tf.constant(s))
-    np.testing.assert_allclose(xla[0].numpy(), want, rtol=2e-5)
-    np.testing.assert_allclose(xla[1].numpy(), runs[0][1], rtol=1e-4, atol=1e-6)
-
-
-def test_positive_slots_runs_the_smallest_bucket_and_carries_the_gradient():
-    """The batch's largest positive count picks the branch: one positive per row runs one slot, five run the
-    6-slot bucket, more than the bound runs the general path (counted by a variable that only the executed
-    branch increments). Value and gradient of sum_{positive pairs} S^2 come out the same on every path."""
-    from ce_retrieval.losses._pairs import over_positive_slots
-
-    calls = tf.Variable(0)
-
-    @tf.function(autograph=False)
-    def run(s, positive, bound):
-        def make_slot(s):
-            def slot(columns, valid):
-                with tf.control_dependencies([calls.assign_add(1)]):
-                    picked = tf.gather(s, columns[:, None], batch_dims=1)[:, 0]
-                    return tf.reduce_sum(tf.where(valid, picked**2, 0.0)), (tf.reduce_sum(tf.cast(valid, tf.float32)),)
-
-            return slot
-
-        def general(s):
-            return tf.reduce_sum(tf.where(positive, s**2, 0.0)), (tf.reduce_sum(tf.cast(positive, tf.float32)),)
-
-        with tf.GradientTape() as tape:
-            tape.watch(s)
-            value, (count,) = over_positive_slots(s, positive, bound, make_slot, general)
-        return value, count, tape.gradient(value, s)
-
-    s = tf.constant(np.random.default_rng(0).uniform(-1, 1, size=(6, 6)).astype(np.float32))
-    five = np.zeros((6, 6), bool)
-    five[2, :5] = five[4, 1] = True
-    for rows, bound, slots_run in [(np.eye(6, dtype=bool)[np.arange(6) ^ 1], 8, 1),
-                                   (five, 8, 6),  # the smallest bucket covering 5 (SLOT_BUCKETS) is 6
-                                   (five, 4, 0)]:  # over the bound: the general path
-        calls.assign(0)
-        value, count, grad = run(s, tf.constant(rows), bound)
-        assert int(calls.numpy()) == slots_run
-        np.testing.assert_allclose(float(value), np.sum(np.where(rows, s.numpy() ** 2, 0.0)), rtol=1e-6)
-        assert float(count) == rows.sum()
-        np.testing.assert_allclose(grad.numpy(), np.where(rows, 2 * s.numpy(), 0.0), rtol=1e-6)
-    with pytest.raises(ValueError, match="positive_slots must be >= 0"):
-        TripletLoss(positive_slots=-1)
-    with pytest.raises(ValueError, match="positive_slots must be >= 0"):
-        AngularLoss(positive_slots=-1)
 
 
 def _triplet_value(loss, relevance, scores):
@@ -346,41 +209,50 @@ def test_triplet_all_never_builds_cubic_tensor():
 
 # ---- pytorch-metric-learning: same embeddings, same labels -------------------------------------------------
 
-torch = pytest.importorskip("torch")
-pml_losses = pytest.importorskip("pytorch_metric_learning.losses")
-pml_reducers = pytest.importorskip("pytorch_metric_learning.reducers")
-pml_distances = pytest.importorskip("pytorch_metric_learning.distances")
+
+@pytest.fixture
+def pml():
+    """``(torch, pytorch_metric_learning.losses, pytorch_metric_learning.reducers)``; skips only the tests that
+    compare with pytorch-metric-learning when it is not installed."""
+    reason = "pytorch-metric-learning (and torch) is needed to compare with its losses"
+    return (
+        pytest.importorskip("torch", reason=reason),
+        pytest.importorskip("pytorch_metric_learning.losses", reason=reason),
+        pytest.importorskip("pytorch_metric_learning.reducers", reason=reason),
+    )
+
 
 PML = {
-    # our loss, pml loss; conventions bridged in the comment
+    # our loss, pml loss (from its losses and reducers modules); conventions bridged in the comment
     "triplet_all_mean": (  # pml default AvgNonZeroReducer -> MeanReducer for our mean over triplets
         lambda: TripletLoss(margin=0.1, distance="euclidean"),
-        lambda: pml_losses.TripletMarginLoss(margin=0.1, reducer=pml_reducers.MeanReducer()),
+        lambda pl, pr: pl.TripletMarginLoss(margin=0.1, reducer=pr.MeanReducer()),
     ),
     "triplet_all_nonzero": (
         lambda: TripletLoss(margin=0.1, distance="euclidean", average_nonzero=True),
-        lambda: pml_losses.TripletMarginLoss(margin=0.1),
+        lambda pl, pr: pl.TripletMarginLoss(margin=0.1),
     ),
     "lifted": (  # pml averages non-zero terms by default; the paper averages all positive pairs
         lambda: LiftedStructureLoss(margin=1.0),
-        lambda: pml_losses.LiftedStructureLoss(neg_margin=1.0, reducer=pml_reducers.MeanReducer()),
+        lambda pl, pr: pl.LiftedStructureLoss(neg_margin=1.0, reducer=pr.MeanReducer()),
     ),
-    "ntxent": (lambda: InfoNCE(temperature=0.1), lambda: pml_losses.NTXentLoss(temperature=0.1)),
-    "angular": (lambda: AngularLoss(alpha=40.0), lambda: pml_losses.AngularLoss(alpha=40)),
+    "ntxent": (lambda: InfoNCE(temperature=0.1), lambda pl, pr: pl.NTXentLoss(temperature=0.1)),
+    "angular": (lambda: AngularLoss(alpha=40.0), lambda pl, pr: pl.AngularLoss(alpha=40)),
     "multi_similarity_no_mining": (
         lambda: MultiSimilarityLoss(alpha=2.0, beta=50.0, lambda_=0.5, mining=False),
-        lambda: pml_losses.MultiSimilarityLoss(alpha=2, beta=50, base=0.5),
+        lambda pl, pr: pl.MultiSimilarityLoss(alpha=2, beta=50, base=0.5),
     ),
-    "circle": (lambda: CircleLoss(margin=0.4, gamma=80.0), lambda: pml_losses.CircleLoss(m=0.4, gamma=80)),
+    "circle": (lambda: CircleLoss(margin=0.4, gamma=80.0), lambda pl, pr: pl.CircleLoss(m=0.4, gamma=80)),
 }
 
 
 @pytest.mark.parametrize("name", sorted(PML))
-def test_matches_pytorch_metric_learning(name):
+def test_matches_pytorch_metric_learning(name, pml):
+    torch, pml_losses, pml_reducers = pml
     ours, theirs = PML[name]
     e, ids, s, r = square_batch(seed=11, classes=5, per_class=4, dim=8)
     emb = torch.tensor(e, dtype=torch.float64, requires_grad=True)
-    value = theirs()(emb, torch.tensor(ids))
+    value = theirs(pml_losses, pml_reducers)(emb, torch.tensor(ids))
     value.backward()
     et = tf.constant(e, tf.float64)
     with tf.GradientTape() as tape:
@@ -417,8 +289,10 @@ def test_clear_errors():
         InfoNCE(temperature=0.0)
     with pytest.raises(ValueError, match="margin must be > 0"):
         ContrastiveLoss(margin=0.0)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="no positive pair"):
-        TripletLoss()(np.zeros((3, 3), np.float32), np.zeros((3, 3), np.float32))
+    with pytest.raises(ValueError, match="positive_slots must be >= 0"):
+        TripletLoss(positive_slots=-1)
+    with pytest.raises(ValueError, match="positive_slots must be >= 0"):
+        AngularLoss(positive_slots=-1)
 
 
 def test_registered_by_name():

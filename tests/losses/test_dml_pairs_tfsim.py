@@ -7,7 +7,8 @@ import tensorflow as tf
 
 from ce_retrieval.losses import MultiSimilarityLoss, TripletLoss, relevance_from_ids
 
-tfsim = pytest.importorskip("tensorflow_similarity.losses")
+# every test of this file compares with TensorFlow Similarity: skipping the module skips nothing else
+tfsim = pytest.importorskip("tensorflow_similarity.losses", reason="tensorflow-similarity is needed to compare with its losses")
 
 
 def embeddings(seed=21, classes=6, per_class=4, dim=8):

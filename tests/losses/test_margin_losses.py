@@ -1,11 +1,12 @@
-"""L-Softmax, A-Softmax, CosFace, ArcFace: margins on positives only, sampled or cross-example negatives."""
+"""L-Softmax, A-Softmax, CosFace, ArcFace: margins on positives only, sampled or cross-example negatives.
+Serialisation, mixed precision, XLA and bad inputs of every loss: ``test_contract.py``."""
 import math
 
 import numpy as np
 import pytest
+import reference as ref
 import tensorflow as tf
 
-from ce_retrieval import losses
 from ce_retrieval.losses import (
     AdditiveMarginSoftmax,
     AngularSoftmax,
@@ -13,6 +14,7 @@ from ce_retrieval.losses import (
     ArcMarginSoftmax,
     LargeMarginSoftmax,
     SampledSoftmax,
+    functional,
 )
 from ce_retrieval.losses.margin_softmax import psi
 
@@ -30,21 +32,6 @@ def np_arcface(c, m):
 
 def np_sphereface(c, m, lam):
     return (lam * c + np_psi(c, m)) / (1 + lam)
-
-
-def reference(relevance, scores, positive_fn, scale=20.0, cross_example=False):
-    """-log(e^{scale f(c_ij)} / (e^{scale f(c_ij)} + sum_Neg e^{scale s})), mean over positives, float64."""
-    relevance, scores = np.asarray(relevance, np.float64), np.asarray(scores, np.float64)
-    logits = scale * scores
-    all_neg = logits[relevance == 0]
-    terms = []
-    for i in range(len(scores)):
-        neg = all_neg if cross_example else logits[i][relevance[i] == 0]
-        log_z = np.logaddexp.reduce(neg) if len(neg) else -np.inf
-        for j in np.flatnonzero(relevance[i] == 1):
-            p = scale * positive_fn(scores[i, j])
-            terms.append(np.logaddexp(p, log_z) - p)
-    return float(np.mean(terms))
 
 
 def batch(rng, n=6, m=9):
@@ -70,10 +57,10 @@ IDS = [f"{c.__name__}-{k['margin']}" for c, k, _ in MARGIN_CASES]
 def test_matches_reference(rng, cls, kwargs, fn, cross_example):
     relevance, scores = batch(rng)
     loss = cls(cross_example=cross_example, **kwargs)
-    want = reference(relevance, scores, fn, cross_example=cross_example)
+    want = ref.softmax(relevance, scores, cross_example=cross_example, positive_fn=fn)
     np.testing.assert_allclose(float(loss(relevance, scores)), want, rtol=1e-5)
     both = cls(cross_example=cross_example, bidirectional=True, **kwargs)
-    want_t = reference(relevance.T, scores.T, fn, cross_example=cross_example)
+    want_t = ref.softmax(relevance.T, scores.T, cross_example=cross_example, positive_fn=fn)
     np.testing.assert_allclose(float(both(relevance, scores)), 0.5 * (want + want_t), rtol=1e-5)
 
 
@@ -115,7 +102,7 @@ def test_gradient_matches_finite_differences(rng, cls, fn):
         up, down = scores.astype(np.float64), scores.astype(np.float64)
         up[idx] += eps
         down[idx] -= eps
-        numeric[idx] = (reference(relevance, up, fn, 2.0) - reference(relevance, down, fn, 2.0)) / (2 * eps)
+        numeric[idx] = (ref.softmax(relevance, up, 2.0, positive_fn=fn) - ref.softmax(relevance, down, 2.0, positive_fn=fn)) / (2 * eps)
     np.testing.assert_allclose(grad, numeric, atol=5e-5)
 
 
@@ -166,14 +153,6 @@ def test_annealing_schedule_and_callback_survive_checkpoint(tmp_path):
         callback.on_train_begin()
 
 
-@pytest.mark.parametrize("cls,kwargs,fn", MARGIN_CASES, ids=IDS)
-def test_serialisation_round_trip(cls, kwargs, fn):
-    loss = cls(cross_example=True, bidirectional=True, scale=30.0, **kwargs)
-    restored = tf.keras.losses.deserialize(tf.keras.losses.serialize(loss))
-    assert type(restored) is cls and restored.get_config() == loss.get_config()
-    assert losses.get({"class_name": cls.__name__, "config": loss.get_config()}).get_config() == loss.get_config()
-
-
 def test_bad_arguments():
     for bad in (0, 2.5, -1, True):
         with pytest.raises(ValueError, match="positive integer"):
@@ -188,7 +167,7 @@ def test_bad_arguments():
         ArcMarginSoftmax(scale=-1.0)
 
 
-def test_xla_equals_eager(rng):
+def test_xla_reads_the_annealing_step(rng):
     relevance, scores = batch(rng)
     loss = AngularSoftmax(cross_example=True)
     loss.step.assign(50)
@@ -196,3 +175,15 @@ def test_xla_equals_eager(rng):
     assert float(compiled(relevance, scores)) == pytest.approx(float(loss(relevance, scores)), rel=1e-6)
     loss.step.assign(5000)  # the variable is read at run time: no retrace, new lambda
     assert float(compiled(relevance, scores)) == pytest.approx(float(loss(relevance, scores)), rel=1e-6)
+
+
+@pytest.mark.parametrize("cls,kwargs,fn", MARGIN_CASES, ids=IDS)
+def test_functional_form_matches_reference(rng, cls, kwargs, fn):
+    """The margin functions of ``ce_retrieval.losses.functional`` (A-Softmax takes the annealed lambda itself)."""
+    relevance, scores = batch(rng)
+    function = {LargeMarginSoftmax: functional.large_margin_softmax, AngularSoftmax: functional.angular_softmax,
+                AdditiveMarginSoftmax: functional.additive_margin_softmax,
+                ArcMarginSoftmax: functional.arc_margin_softmax}[cls]
+    extra = {"lambda_": 1000.0} if cls is AngularSoftmax else {}
+    want = ref.softmax(relevance, scores, cross_example=True, positive_fn=fn)
+    np.testing.assert_allclose(float(function(relevance, scores, cross_example=True, **kwargs, **extra)), want, rtol=1e-5)

@@ -14,6 +14,7 @@ from conftest import captions, make_towers, png_images
 from ce_retrieval.serving import export as export_mod
 from ce_retrieval.serving import layout
 from ce_retrieval.serving.export import embed_with_keras, export_encoders
+from ce_retrieval.utils import atomic
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), TF_CPP_MIN_LOG_LEVEL="2")
@@ -128,14 +129,14 @@ def _numeric_and_hidden(root):
 
 def test_crash_between_towers_rolls_back(base_export, export_copy, monkeypatch):
     before = layout.export_metadata(export_copy, layout.TEXT_ENCODER, 1)
-    real_publish = layout.publish
+    real_publish = atomic.publish_directory
 
     def publish(tmp, final, **kw):
         if os.sep + layout.IMAGE_ENCODER + os.sep in final:
             raise OSError("simulated crash while publishing the image tower")
         return real_publish(tmp, final, **kw)
 
-    monkeypatch.setattr(layout, "publish", publish)
+    monkeypatch.setattr(atomic, "publish_directory", publish)
     with pytest.raises(OSError, match="simulated crash"):
         export_encoders(base_export["text"], base_export["image"], export_copy)
     assert _numeric_and_hidden(export_copy) == {p: (["1"], []) for p in (layout.TEXT_ENCODER, layout.IMAGE_ENCODER)}

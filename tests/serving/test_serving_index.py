@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from conftest import clustered_unit_vectors
 
+from ce_retrieval.evaluation.search import exact_search
 from ce_retrieval.serving import layout
-from ce_retrieval.serving.gallery import GalleryIndex, IndexMismatchError, exact_topk
+from ce_retrieval.serving.gallery import GalleryIndex, IndexMismatchError
 from ce_retrieval.serving.index import build_index
 from ce_retrieval.serving.partitions import build_partitions, threshold_search
 from ce_retrieval.serving.searcher import Searcher
@@ -37,7 +38,7 @@ def test_scann_index_recall_and_exact_scores(scann_gallery, tmp_path, monkeypatc
     index = GalleryIndex.load(os.path.relpath(os.path.join(scann_gallery["dir"], "index", "1"), tmp_path))
     x, ids, q = scann_gallery["x"], scann_gallery["ids"], scann_gallery["queries"]
     got_ids, got_scores = index.topk(q, 10)
-    exact_rows, exact_scores = exact_topk(q, x, 10)
+    exact_rows, exact_scores = exact_search(q, x, 10)
     recall = np.mean([len(np.intersect1d(a, ids[b])) for a, b in zip(got_ids, exact_rows, strict=True)]) / 10
     assert recall >= 0.9, recall  # held-out queries of the same distribution
     row_of = {int(i): r for r, i in enumerate(ids)}
@@ -151,3 +152,13 @@ def test_index_cli_from_folder_and_tfrecord(base_export, export_copy, tmp_path, 
             w.write(tf.train.Example(features=tf.train.Features(feature=feats)).SerializeToString())
     assert cli.main(["index", "--export_dir", export_copy, "--images", record, "--overwrite"]) == 0
     assert sorted(GalleryIndex.load(os.path.join(export_copy, "index", "1")).ids.tolist()) == [7, 9]
+
+
+def test_exact_top_k_of_an_index_breaks_ties_by_row():
+    # The serving index had its own exact top-k (arbitrary among ties at the k-th score); it now uses the
+    # evaluation's (ce_retrieval.evaluation.search): score descending, ties to the lower row, chunking-independent.
+    x = np.repeat(np.eye(4, dtype=np.float32), 3, axis=0)  # rows 3i, 3i+1, 3i+2 are the same vector
+    index = GalleryIndex("in-memory", {"params": {}}, x, np.arange(12, dtype=np.int64) * 10, None)
+    rows, scores = index.topk_rows(np.eye(4, dtype=np.float32)[[2, 0]], 4, exact=True)
+    assert rows.tolist() == [[6, 7, 8, 0], [0, 1, 2, 3]]
+    np.testing.assert_array_equal(scores, [[1, 1, 1, 0], [1, 1, 1, 0]])

@@ -2,8 +2,9 @@
 import pytest
 
 from ce_retrieval import configs
+from ce_retrieval.cli.train import CONFIG_DIR, resolve_config
 from ce_retrieval.configs import ConfigError
-from ce_retrieval.training.cli import CONFIG_DIR, resolve_config
+from ce_retrieval.tasks import RetrievalTask
 
 
 @pytest.mark.parametrize("name", ["synthetic_demo", "cc3m_paper", "flickr30k_zeroshot"])
@@ -28,7 +29,7 @@ def test_paper_config_matches_the_paper():
 )
 def test_each_paper_loss_selectable(loss):
     cfg = configs.load_experiment(resolve_config("cc3m_paper"), [f"loss.name={loss}"])
-    assert type(cfg.loss.build()).__name__ == loss
+    assert type(RetrievalTask(cfg).build_loss()).__name__ == loss
 
 
 def test_unknown_keys_and_bad_values_are_errors(tmp_path):
@@ -44,7 +45,7 @@ def test_unknown_keys_and_bad_values_are_errors(tmp_path):
     with pytest.raises(ConfigError, match="unknown config key modle"):
         configs.load_experiment(str(bad))
     with pytest.raises(ValueError, match="unknown loss"):
-        configs.load_experiment(path, ["loss.name=NoSuchLoss"]).loss.build()
+        RetrievalTask(configs.load_experiment(path, ["loss.name=NoSuchLoss"])).build_loss()
     with pytest.raises(FileNotFoundError, match="built-in configs"):
         resolve_config("nope")
     assert CONFIG_DIR.endswith("configs")

@@ -11,8 +11,8 @@ import pytest
 from tiny import TINY_OVERRIDE
 
 from ce_retrieval import configs
+from ce_retrieval.cli.train import resolve_config
 from ce_retrieval.training import load_trained, train
-from ce_retrieval.training.cli import resolve_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

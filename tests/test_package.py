@@ -6,7 +6,6 @@ import tensorflow as tf
 import ce_retrieval
 from ce_retrieval import cli
 from ce_retrieval.losses import RetrievalLoss, mean_over_positives, relevance_from_ids
-from ce_retrieval.losses.registry import register
 
 
 def test_legacy_keras_selected():
@@ -29,8 +28,7 @@ def test_relevance_from_ids_rejects_bad_shapes():
         relevance_from_ids([[1]], [1])
 
 
-@register
-class _MeanPositiveScore(RetrievalLoss):
+class _MeanPositiveScore(RetrievalLoss):  # not registered: a toy must not enter the global registry
     """Toy loss for contract tests: minus the mean positive score."""
 
     def compute(self, relevance, scores):
@@ -71,12 +69,50 @@ def test_bidirectional_and_mixed_precision_inputs():
     assert restored.bidirectional and restored.name == both.name
 
 
-def test_replica_scaling_under_mirrored_strategy():
-    devices = tf.config.list_logical_devices("CPU")
-    strategy = tf.distribute.MirroredStrategy(devices[:1])  # one replica: value unchanged
-    loss = _MeanPositiveScore()
-    out = strategy.run(lambda: loss(tf.eye(2), tf.eye(2)))
-    assert float(strategy.reduce("SUM", out, axis=None)) == pytest.approx(-1.0)
+_TWO_REPLICAS = r"""
+import json, os
+os.environ["TF_USE_LEGACY_KERAS"] = "1"
+import numpy as np
+import tensorflow as tf
+import ce_retrieval
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+from ce_retrieval.losses import CrossExampleSoftmax
+s = tf.constant(np.random.default_rng(0).normal(size=(4, 4)), tf.float32)
+y = tf.eye(4)
+loss = CrossExampleSoftmax(scale=5.0)
+whole = float(loss(y, s))
+strategy = tf.distribute.MirroredStrategy(tf.config.list_logical_devices("CPU")[:2])
+def step():
+    with tf.GradientTape() as tape:
+        tape.watch(s)
+        value = loss(y, s)
+    return value, tape.gradient(value, s)
+values, grads = strategy.run(step)
+with tf.GradientTape() as tape:
+    tape.watch(s)
+    reference = loss(y, s)
+print(json.dumps({"replicas": strategy.num_replicas_in_sync, "whole": whole,
+                  "summed": float(strategy.reduce("SUM", values, axis=None)),
+                  "per_replica": [float(v) for v in strategy.experimental_local_results(values)],
+                  "grad_error": float(tf.reduce_max(tf.abs(strategy.reduce("SUM", grads, axis=None)
+                                                           - tape.gradient(reference, s))))}))
+"""
+
+
+def test_replica_scaling_under_mirrored_strategy_with_two_replicas():
+    """Each of R replicas returns L / R of the global-batch loss, so Keras's SUM over replicas gives L and dL/dS."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _TWO_REPLICAS], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["replicas"] == 2
+    assert out["per_replica"] == pytest.approx([out["whole"] / 2] * 2, rel=1e-6)
+    assert out["summed"] == pytest.approx(out["whole"], rel=1e-6)
+    assert out["grad_error"] < 1e-6
 
 
 def test_cli_lists_commands(capsys):

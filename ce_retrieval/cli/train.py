@@ -1,11 +1,15 @@
 """``ce-retrieval train --config configs/synthetic_demo.yaml --model_dir runs/demo [--params_override ...]``.
 
-Running the same command again on the same ``model_dir`` resumes an interrupted run (BackupAndRestore)."""
+Running the same command again on the same ``model_dir`` resumes an interrupted run (BackupAndRestore). The
+training itself is :func:`ce_retrieval.training.train`; :func:`resolve_config` maps a built-in config name
+(a file in the project's ``configs/`` folder) to its path and is shared with the ``demo`` command."""
 from __future__ import annotations
 
 import os
 
 from ce_retrieval import configs
+
+__all__ = ["CONFIG_DIR", "add_arguments", "resolve_config", "run"]
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs")
 

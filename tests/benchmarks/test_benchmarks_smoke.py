@@ -9,7 +9,7 @@ import pytest
 
 from ce_retrieval import losses
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _load(name):

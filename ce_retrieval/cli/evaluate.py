@@ -2,7 +2,8 @@
 
 Loads a trained model (``ce_retrieval.training.load_trained``), the split (``ce_retrieval.data.
 load_retrieval_split``) and, with ``--distractors N``, N synthetic distractor images
-(``ce_retrieval.data.synthetic.distractor_images``), then runs :func:`evaluate_model`: ``eval_<split>.json``
+(``ce_retrieval.data.synthetic.distractor_images``), then runs
+:func:`ce_retrieval.evaluation.evaluate.evaluate_model`: ``eval_<split>.json``
 and the plots go to ``--output_dir`` (default ``<model_dir>/eval``). Those loaders live in other subsystems
 and are imported only when the command runs.
 

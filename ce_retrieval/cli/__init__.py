@@ -1,5 +1,10 @@
-"""The ``ce-retrieval`` command line: a thin dispatcher. Each subcommand lives with its subsystem and exposes
-``add_arguments(parser)`` and ``run(args) -> int``; modules are imported only when their command runs."""
+"""The ce-retrieval command line: one module per command, each only parsing arguments and printing results.
+
+Each command module (``train``, ``evaluate``, ``report``, ``export``, ``index``, ``query``, ``serve``, ``demo``)
+exposes ``add_arguments(parser)`` and ``run(args) -> int`` and holds only argument parsing, wiring and printing;
+the work is done by the library functions it calls. Modules are imported only when their command runs.
+``python -m ce_retrieval.cli`` and the ``ce-retrieval`` console script both call :func:`main`.
+"""
 from __future__ import annotations
 
 import argparse
@@ -8,20 +13,17 @@ import sys
 
 import ce_retrieval  # noqa: F401  (selects legacy Keras before TensorFlow loads)
 
+__all__ = ["COMMANDS", "build_parser", "main"]
+
 COMMANDS = {
-    "demo": ("ce_retrieval.demo", "the main job on the synthetic dataset: train, evaluate, export, index, query"),
-    "train": ("ce_retrieval.training.cli", "train a two-tower model from a config"),
-    "evaluate": ("ce_retrieval.evaluation.cli", "Recall@K and global PR-AUC of a trained model on a split"),
-    "report": ("ce_retrieval.evaluation.report", "side-by-side table (paper Table 1 layout) of evaluation JSONs"),
-    "export": ("ce_retrieval.serving.export", "export text and image encoders as TF Serving SavedModels"),
-    "index": ("ce_retrieval.serving.index", "build a ScaNN index of a gallery next to an export"),
-    "query": ("ce_retrieval.serving.searcher", "search an exported index with captions"),
-    "serve": ("ce_retrieval.serving.service", "HTTP JSON retrieval service over an export"),
-    "losses": ("ce_retrieval.losses.cli", "train a small embedding on generated data with a chosen loss"),
-    "dml-compare": (
-        "ce_retrieval.training.dml_comparison",
-        "train small embeddings with several metric-learning losses and compare labelled retrieval metrics",
-    ),
+    "demo": ("ce_retrieval.cli.demo", "the main job on the synthetic dataset: train, evaluate, export, index, query"),
+    "train": ("ce_retrieval.cli.train", "train a two-tower model from a config"),
+    "evaluate": ("ce_retrieval.cli.evaluate", "Recall@K and global PR-AUC of a trained model on a split"),
+    "report": ("ce_retrieval.cli.report", "side-by-side table (paper Table 1 layout) of evaluation JSONs"),
+    "export": ("ce_retrieval.cli.export", "export text and image encoders as TF Serving SavedModels"),
+    "index": ("ce_retrieval.cli.index", "build a ScaNN index of a gallery next to an export"),
+    "query": ("ce_retrieval.cli.query", "search an exported index with captions"),
+    "serve": ("ce_retrieval.cli.serve", "HTTP JSON retrieval service over an export"),
 }
 
 
@@ -52,7 +54,3 @@ def main(argv: list[str] | None = None) -> int:
     module.add_arguments(sub)
     args = sub.parse_args(rest)
     return int(module.run(args) or 0)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

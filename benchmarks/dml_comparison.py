@@ -6,43 +6,48 @@ classes, evaluate on the unseen second half with :func:`ce_retrieval.evaluation.
 P×K batches (``classes_per_batch`` classes × ``samples_per_class`` examples, so in-batch positives exist).
 
 * Pair-based losses (NCA, LMNN, triplet, ...) get ``S = E Eᵀ`` and ``relevance_from_ids(y, y, exclude_self=True)``.
-* Proxy losses (class attribute ``requires_proxies``) get ``S`` from a
+* Proxy losses (class attribute ``needs_proxies``) get ``S`` from a
   :class:`~ce_retrieval.modeling.proxies.ProxySimilarity` head and ``proxy_relevance(y)``; SoftTriple gets its
   ``K`` centres and centre regulariser; the centroid bound gets frozen centroids (one-hot if the embedding
   has at least as many dimensions as classes, else k-means on the sphere). Proxies learn ``proxy_lr_multiplier``
   times faster (ProxyAnchor's recipe).
 
-Data (:func:`make_labelled_data`): class means in a ``signal_dim`` subspace, isotropic within-class noise, and
-``nuisance_dim`` high-variance nuisance coordinates, randomly rotated: raw Euclidean retrieval is poor, a
+Data (:func:`toy_data.make_labelled_data`): class means in a ``signal_dim`` subspace, isotropic within-class noise,
+and ``nuisance_dim`` high-variance nuisance coordinates, randomly rotated: raw Euclidean retrieval is poor, a
 learned metric that discounts the nuisance directions is good.
+
+Formerly ``ce-retrieval dml-compare`` (same flags and output):
+
+    python benchmarks/dml_comparison.py --losses ProxyNCALoss NCALoss --steps 300
 """
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 
-import numpy as np
-import tensorflow as tf
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from ce_retrieval.evaluation.labelled import labelled_retrieval_metrics
-from ce_retrieval.losses import get as get_loss
-from ce_retrieval.losses import relevance_from_ids
-from ce_retrieval.modeling.proxies import ProxySimilarity, SoftTripleCenterRegularizer, fixed_centroids, proxy_relevance
+# isort: off
+import ce_retrieval  # noqa: E402,F401  (legacy Keras before TensorFlow)
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from benchmarks.toy_data import make_labelled_data  # noqa: E402
+from ce_retrieval.data.pk_sampler import pk_sample  # noqa: E402
+from ce_retrieval.evaluation.labelled import labelled_retrieval_metrics  # noqa: E402
+from ce_retrieval.losses import get as get_loss  # noqa: E402
+from ce_retrieval.losses import relevance_from_ids  # noqa: E402
+from ce_retrieval.modeling.proxies import (  # noqa: E402
+    ProxySimilarity,
+    SoftTripleCenterRegularizer,
+    fixed_centroids,
+    proxy_relevance,
+)
+
+# isort: on
 
 DEFAULT_LOSSES = ("ProxyNCALoss", "ProxyAnchorLoss", "SoftTripleLoss", "NCALoss", "LMNNLoss", "CentroidUpperBoundLoss")
-
-
-def make_labelled_data(num_classes: int = 40, per_class: int = 30, signal_dim: int = 8, nuisance_dim: int = 24,
-                       class_spread: float = 1.0, noise: float = 0.6, nuisance_scale: float = 2.5, seed: int = 0):
-    """``(x [C·n, signal_dim + nuisance_dim] float32, y [C·n] int32)``; see the module docstring."""
-    rng = np.random.default_rng(seed)
-    means = class_spread * rng.standard_normal((num_classes, signal_dim))
-    y = np.repeat(np.arange(num_classes), per_class)
-    signal = means[y] + noise * rng.standard_normal((len(y), signal_dim))
-    nuisance = nuisance_scale * rng.standard_normal((len(y), nuisance_dim))
-    rotation, _ = np.linalg.qr(rng.standard_normal((signal_dim + nuisance_dim,) * 2))
-    x = np.concatenate([signal, nuisance], axis=1) @ rotation
-    return x.astype(np.float32), y.astype(np.int32)
 
 
 def _embedding_model(input_dim: int, embedding_dim: int, hidden: int, seed: int) -> tf.keras.Model:
@@ -70,11 +75,11 @@ def _proxy_head(loss, num_classes: int, embedding_dim: int, seed: int) -> ProxyS
 
 
 def _pk_batches(y: np.ndarray, classes_per_batch: int, samples_per_class: int, steps: int, seed: int):
-    rng = np.random.default_rng(seed)
-    by_class = [np.flatnonzero(y == c) for c in np.unique(y)]
-    for _ in range(steps):
-        chosen = rng.choice(len(by_class), size=min(classes_per_batch, len(by_class)), replace=False)
-        yield np.concatenate([rng.choice(by_class[c], size=samples_per_class, replace=False) for c in chosen])
+    """Row indices of ``steps`` P x K batches, drawn by :func:`ce_retrieval.data.pk_sample`."""
+    rows = tf.data.Dataset.from_tensor_slices((np.arange(len(y)), y))
+    p = min(classes_per_batch, len(np.unique(y)))
+    for idx, _ in pk_sample(rows, p, samples_per_class, seed=seed, num_batches=steps):
+        yield idx.numpy()
 
 
 def train_embedding(loss, x: np.ndarray, y: np.ndarray, embedding_dim: int = 16, hidden: int = 64, steps: int = 300,
@@ -84,7 +89,7 @@ def train_embedding(loss, x: np.ndarray, y: np.ndarray, embedding_dim: int = 16,
     tf.keras.utils.set_random_seed(seed)
     model = _embedding_model(x.shape[1], embedding_dim, hidden, seed)
     classes, y_idx = np.unique(y, return_inverse=True)
-    head = _proxy_head(loss, len(classes), embedding_dim, seed) if getattr(loss, "requires_proxies", False) else None
+    head = _proxy_head(loss, len(classes), embedding_dim, seed) if loss.needs_proxies else None
     opt = tf.keras.optimizers.Adam(learning_rate)
     proxy_vars = head.trainable_variables if head is not None else []
     proxy_opt = tf.keras.optimizers.Adam(learning_rate * proxy_lr_multiplier) if proxy_vars else None
@@ -176,4 +181,12 @@ def run(args) -> int:
     return 0
 
 
-__all__ = ["compare_losses", "format_table", "make_labelled_data", "train_embedding"]
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="train small embeddings with several metric-learning losses and "
+                                                 "compare labelled retrieval metrics")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,13 +1,30 @@
 """ProxySimilarity (training, checkpoints, SavedModel), proxy_relevance, fixed centroids, the SoftTriple centre
 regulariser, and linear metric learning with MahalanobisProjection + LMNN / NCA under model.fit."""
+import importlib.util
+import pathlib
+import sys
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from ce_retrieval.data.pk_sampler import pk_sample
 from ce_retrieval.losses import LMNNLoss, NCALoss, ProxyAnchorLoss, SoftTripleLoss, relevance_from_ids
 from ce_retrieval.modeling.mahalanobis import MahalanobisProjection, PairwiseNegativeSquaredDistance
 from ce_retrieval.modeling.proxies import ProxySimilarity, SoftTripleCenterRegularizer, fixed_centroids, proxy_relevance
-from ce_retrieval.training.dml_comparison import make_labelled_data
+
+
+def _load_toy_data():
+    """``benchmarks/toy_data.py``, the labelled toy data of the benchmark harnesses (not part of the library)."""
+    path = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "toy_data.py"
+    spec = importlib.util.spec_from_file_location("bench_toy_data", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve their annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+make_labelled_data = _load_toy_data().make_labelled_data
 
 
 def test_proxy_similarity_is_cosine_and_float32_under_mixed_precision(rng):
@@ -115,13 +132,10 @@ def test_mahalanobis_projection_metric_and_pairwise_distance(rng):
 
 
 def _pk_batches(x, y, steps, classes=5, per_class=4, seed=0):
-    r = np.random.default_rng(seed)
     xs, rels = [], []
-    for _ in range(steps):
-        chosen = r.choice(np.unique(y), classes, replace=False)
-        idx = np.concatenate([r.choice(np.flatnonzero(y == c), per_class, replace=False) for c in chosen])
-        xs.append(x[idx])
-        rels.append(relevance_from_ids(y[idx], y[idx], exclude_self=True).numpy())
+    for xb, yb in pk_sample(tf.data.Dataset.from_tensor_slices((x, y)), classes, per_class, seed=seed, num_batches=steps):
+        xs.append(xb.numpy())
+        rels.append(relevance_from_ids(yb, yb, exclude_self=True).numpy())
     return tf.data.Dataset.from_tensor_slices((np.stack(xs), np.stack(rels)))
 
 

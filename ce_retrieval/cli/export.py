@@ -1,0 +1,33 @@
+"""``ce-retrieval export --model_dir D --export_dir E [--version V] [--no_verify]``: both towers of a trained
+model as TF Serving SavedModels (:func:`ce_retrieval.serving.export.export_encoders`)."""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--model_dir", required=True, help="a trained model directory (see ce_retrieval.training)")
+    parser.add_argument("--export_dir", required=True, help="where <tower>/<version>/ SavedModels are written")
+    parser.add_argument("--version", type=int, default=None, help="version number (default: one more than the newest)")
+    parser.add_argument("--no_verify", action="store_true", help="skip reloading the SavedModels before publishing")
+
+
+def run(args) -> int:
+    import numpy as np
+
+    from ce_retrieval.serving.export import export_encoders
+    from ce_retrieval.training import load_trained  # lazy: the training stack is only needed here
+
+    cfg, model = load_trained(args.model_dir)
+    config = dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else {}
+    scale = getattr(model, "logit_scale", None)
+    paths = export_encoders(model.text_encoder, model.image_encoder, args.export_dir, args.version,
+                            metadata={"model_dir": os.path.abspath(args.model_dir), "config": config},
+                            logit_scale=None if scale is None else float(np.asarray(scale)), verify=not args.no_verify)
+    print(f"exported version {paths.version}:\n  {paths.text_encoder}\n  {paths.image_encoder}")
+    if paths.metadata["custom_ops"]:
+        print("  custom ops a TF Serving build must link: " + ", ".join(paths.metadata["custom_ops"]))
+    return 0

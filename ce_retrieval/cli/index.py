@@ -1,0 +1,144 @@
+"""``ce-retrieval index --export_dir E --images SOURCE [--calibration_split S] ...``: the gallery index next to an
+export (:func:`ce_retrieval.serving.index.build_index`).
+
+``--images`` is a split name of the export's data config (e.g. ``test``), a folder of .jpg/.png files (integer
+file names become ids) or a TFRecord file pattern. The images are embedded with the exported image encoder;
+thresholds come from ``--thresholds_json`` or are calibrated on ``--calibration_split``.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import numpy as np
+
+from ce_retrieval.configs import from_dict
+from ce_retrieval.evaluation.ann import IndexParams
+from ce_retrieval.serving import layout
+from ce_retrieval.serving.index import BRUTE_FORCE_BELOW, build_index
+
+__all__ = ["add_arguments", "run"]
+
+
+def _embed_batches(signature, input_name: str, values: list, batch_size: int) -> np.ndarray:
+    import tensorflow as tf
+
+    out = [signature(**{input_name: tf.constant(values[i:i + batch_size], dtype=tf.string)})["embedding"].numpy()
+           for i in range(0, len(values), batch_size)]
+    return np.concatenate(out, axis=0)
+
+
+def _image_files(folder: str) -> tuple[list[bytes], np.ndarray, list[str]]:
+    names = sorted(f for f in os.listdir(folder) if f.lower().endswith((".jpg", ".jpeg", ".png")))
+    if not names:
+        raise FileNotFoundError(f"no .jpg/.jpeg/.png files in {folder}")
+    stems = [os.path.splitext(f)[0] for f in names]
+    ids = np.array([int(s) for s in stems]) if all(s.isdigit() for s in stems) else np.arange(len(names))
+    images = []
+    for f in names:
+        with open(os.path.join(folder, f), "rb") as fh:
+            images.append(fh.read())
+    return images, ids, names
+
+
+def _tfrecord_images(pattern: str) -> tuple[list[bytes], np.ndarray]:
+    import tensorflow as tf
+
+    files = sorted(glob.glob(pattern))
+    if not files:
+        raise FileNotFoundError(f"no TFRecord files match {pattern}")
+    spec = {"image": tf.io.FixedLenFeature([], tf.string), "image_id": tf.io.FixedLenFeature([], tf.int64)}
+    seen: dict[int, bytes] = {}
+    for rec in tf.data.TFRecordDataset(files).map(lambda r: tf.io.parse_single_example(r, spec)):
+        seen.setdefault(int(rec["image_id"]), rec["image"].numpy())  # one entry per image (records are per caption)
+    return list(seen.values()), np.array(list(seen.keys()), dtype=np.int64)
+
+
+def _data_config(meta: dict):
+    from ce_retrieval.data.config import DataConfig  # lazy: only split names need the data package
+
+    data = ((meta.get("metadata") or {}).get("config") or {}).get("data")
+    if data is None:
+        raise ValueError("this export carries no data config; pass an image folder or TFRecord pattern to --images")
+    return from_dict(DataConfig, data, "config.data") if isinstance(data, dict) else data
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--export_dir", required=True)
+    parser.add_argument("--images", required=True,
+                        help="gallery: a split name of the export's data config (e.g. test), a folder of "
+                             ".jpg/.png files (integer file names become ids) or a TFRecord file pattern")
+    parser.add_argument("--version", type=int, default=None, help="export version (default: newest complete)")
+    parser.add_argument("--calibration_split", default=None,
+                        help="split used to calibrate thresholds (global PR) and measure ANN recall, e.g. val")
+    parser.add_argument("--thresholds_json", default=None,
+                        help="JSON file with threshold_at_precision (e.g. an evaluation report) instead of calibrating")
+    parser.add_argument("--distractors", type=int, default=0, help="add N synthetic distractor images (ids -1, -2, ...)")
+    parser.add_argument("--target_recall", type=float, default=0.95)
+    parser.add_argument("--brute_force_below", type=int, default=BRUTE_FORCE_BELOW)
+    parser.add_argument("--num_leaves", type=int, default=None)
+    parser.add_argument("--leaves_to_search", type=int, default=None)
+    parser.add_argument("--batch_size", type=int, default=256)
+    parser.add_argument("--overwrite", action="store_true")
+
+
+def run(args) -> int:
+    from ce_retrieval.serving.export import IMAGE_INPUT, TEXT_INPUT, load_signature
+
+    export_dir = os.path.abspath(args.export_dir)
+    complete = layout.complete_versions(export_dir)
+    version = args.version if args.version is not None else (complete[-1] if complete else None)
+    if version is None or version not in complete:
+        raise SystemExit(f"error: no complete export version {version if version else ''} in {export_dir}")
+    meta = layout.export_metadata(export_dir, layout.IMAGE_ENCODER, version)
+    _, image_fn = load_signature(layout.version_dir(export_dir, layout.IMAGE_ENCODER, version))
+    info: dict = {"source": args.images}
+    if os.path.isdir(args.images):
+        images, ids, names = _image_files(args.images)
+        if not all(os.path.splitext(f)[0].isdigit() for f in names):
+            info["names"] = names  # row i of the folder listing has id i
+    elif glob.glob(args.images):
+        images, ids = _tfrecord_images(args.images)
+    else:
+        from ce_retrieval.data import load_retrieval_split
+
+        split = load_retrieval_split(_data_config(meta), args.images)
+        images, ids = list(split.images), split.image_ids
+    if args.distractors:
+        from ce_retrieval.data.synthetic import distractor_images
+
+        cfg = _data_config(meta)
+        extra = distractor_images(args.distractors, seed=getattr(cfg, "seed", 0) + 7919, image_size=getattr(cfg, "image_size", 64))
+        images = list(images) + list(extra)
+        ids = np.concatenate([np.asarray(ids, dtype=np.int64), -np.arange(1, len(extra) + 1)])
+        info["distractors"] = len(extra)
+    embeddings = _embed_batches(image_fn, IMAGE_INPUT, list(images), args.batch_size)
+
+    thresholds, queries = None, None
+    if args.thresholds_json:
+        with open(args.thresholds_json, encoding="utf-8") as f:
+            report = json.load(f)
+        thresholds = report.get("threshold_at_precision") or report.get("calibration", {}).get("threshold_at_precision")
+        if thresholds is None:
+            raise SystemExit(f"error: {args.thresholds_json} has no threshold_at_precision")
+    if args.calibration_split:
+        from ce_retrieval.data import load_retrieval_split
+        from ce_retrieval.evaluation.calibration import global_pr_auc
+
+        _, text_fn = load_signature(layout.version_dir(export_dir, layout.TEXT_ENCODER, version))
+        cal = load_retrieval_split(_data_config(meta), args.calibration_split)
+        queries = _embed_batches(text_fn, TEXT_INPUT, list(cal.captions), args.batch_size)
+        cal_docs = _embed_batches(image_fn, IMAGE_INPUT, list(cal.images), args.batch_size)
+        if thresholds is None:
+            thresholds = global_pr_auc(queries, cal_docs, cal.caption_ids, cal.image_ids)["threshold_at_precision"]
+        info["calibration_split"] = args.calibration_split
+    params = IndexParams(num_leaves=args.num_leaves, leaves_to_search=args.leaves_to_search)
+    manifest = build_index(embeddings, ids, export_dir, version, thresholds=thresholds, queries=queries,
+                           target_recall=args.target_recall, brute_force_below=args.brute_force_below,
+                           params=params, overwrite=args.overwrite, gallery_info=info)
+    ann = manifest["ann"]
+    print(f"index version {version}: {manifest['num_items']} items, {manifest['kind']}, "
+          f"recall@10 {ann['recall_at_10']:.4f} (target {ann['target']}), built in {manifest['build_seconds']} s")
+    print(f"thresholds (score at precision): {manifest['thresholds']['threshold_at_precision']}")
+    return 0 if ann["meets_target"] else 1

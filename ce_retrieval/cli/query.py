@@ -1,0 +1,33 @@
+"""``ce-retrieval query --export_dir E --text "..." [--k K | --threshold T | --precision P]``: text -> image search
+over the newest servable export version (:class:`ce_retrieval.serving.searcher.Searcher`), printed hit by hit."""
+from __future__ import annotations
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--export_dir", required=True)
+    parser.add_argument("--text", action="append", required=True, help="a caption to search with (repeatable)")
+    parser.add_argument("--version", type=int, default=None, help="export version (default: newest servable)")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--k", type=int, default=None, help="top-k search (default 5)")
+    mode.add_argument("--threshold", type=float, default=None, help="every image with score >= this cosine score")
+    mode.add_argument("--precision", type=float, default=None, help="use the threshold calibrated for this precision")
+    parser.add_argument("--limit", type=int, default=100, help="at most this many threshold hits per text")
+
+
+def run(args) -> int:
+    from ce_retrieval.serving.searcher import Searcher
+
+    searcher = Searcher.load(args.export_dir, args.version)
+    k = args.k if args.k is not None or args.threshold is not None or args.precision is not None else 5
+    results = searcher.search(args.text, k, threshold=args.threshold, precision=args.precision, limit=args.limit)
+    tau = args.threshold if args.precision is None else searcher.threshold_for_precision(args.precision)
+    print(f"export version {searcher.version}, {len(searcher.index)} gallery items"
+          + (f", threshold {tau:.4f}" if tau is not None else ""))
+    for text, res in zip(args.text, results, strict=True):
+        print(f"{text!r}: {len(res.ids)} hit(s){' (truncated)' if res.truncated else ''}")
+        for rank, (i, s, p) in enumerate(zip(res.ids, res.scores, res.precision_levels, strict=True), 1):
+            level = f"  precision>={p:g}" if p is not None else ""
+            print(f"  {rank:>3}. id {int(i):>10}  score {float(s):.4f}{level}")
+    return 0

@@ -1,0 +1,104 @@
+"""Every registered loss, selected by name through the experiment config, trains the two-tower model.
+
+The contract of the retrieval task (``ce_retrieval.tasks``): one short step per loss on a tiny model, built the way
+``ce-retrieval train`` builds it (config → task → loss with λ from ``model.logit_scale`` → compiled model).
+"""
+import dataclasses
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from modeling_fixtures import make_batch, tiny_config
+
+from ce_retrieval import configs, losses
+from ce_retrieval.configs.experiment import ExperimentConfig, LossConfig
+from ce_retrieval.tasks import RetrievalTask
+
+
+def _experiment(loss_name: str, **loss_kwargs) -> ExperimentConfig:
+    cfg = ExperimentConfig(name="every_loss", model=tiny_config(), loss=LossConfig(name=loss_name, kwargs=loss_kwargs))
+    cfg.train = dataclasses.replace(cfg.train, batch_size=8, jit_compile=False)
+    return cfg
+
+
+@pytest.mark.parametrize("name", losses.available())
+def test_every_registered_loss_trains_the_two_tower_model(name, task_vocab_file):
+    cfg = _experiment(name)
+    task = RetrievalTask(cfg)
+    model = task.build_compiled_model(task_vocab_file, total_steps=10)
+    model.run_eagerly = True  # one step: tracing the towers would cost more than the step (graph/XLA: test_contract)
+    loss = model.retrieval_loss
+    assert type(loss) is losses.lookup(name)
+    if loss.has_logit_scale:
+        assert loss.logit_scale == pytest.approx(cfg.model.logit_scale)
+    else:
+        assert loss.logit_scale is None
+    batch = make_batch()
+    before = [v.numpy().copy() for v in model.trainable_variables]
+    logs = model.train_on_batch(batch, return_dict=True)
+    assert np.isfinite(logs["loss"]), f"{name}: loss {logs['loss']}"
+    moved = [not np.allclose(a, v.numpy()) for a, v in zip(before, model.trainable_variables, strict=True)]
+    assert any(moved), f"{name}: one step changed no weight"
+
+
+def test_lambda_lives_in_the_model_config_only():
+    with pytest.raises(ValueError, match=r"loss.kwargs.scale: the logit scale λ has one home, model.logit_scale"):
+        RetrievalTask(_experiment("CrossExampleSoftmax", scale=20.0)).build_loss()
+    with pytest.raises(ValueError, match=r"loss.kwargs.temperature"):
+        RetrievalTask(_experiment("InfoNCE", temperature=0.05)).build_loss()
+
+
+def test_a_key_the_loss_does_not_take_is_named_with_what_it_takes():
+    with pytest.raises(ValueError, match=r"TripletLoss does not take negative_fraction; it takes .*margin"):
+        RetrievalTask(_experiment("TripletLoss", negative_fraction=0.5)).build_loss()
+
+
+@pytest.mark.parametrize(
+    "name, key, expected",
+    [("CrossExampleSoftmax", "scale", 7.0), ("InfoNCE", "temperature", 1 / 7.0), ("NCALoss", "scale", 3.5)],
+)
+def test_each_loss_gets_lambda_in_its_own_parametrisation(name, key, expected):
+    cfg = _experiment(name)
+    cfg.model = dataclasses.replace(cfg.model, logit_scale=7.0)
+    loss = RetrievalTask(cfg).build_loss()
+    assert getattr(loss, key) == pytest.approx(expected)
+    assert loss.logit_scale == pytest.approx(7.0)
+
+
+def test_learned_lambda_gives_the_loss_lambda_one_and_needs_a_logit_scale():
+    cfg = _experiment("SampledSoftmax")
+    cfg.model = dataclasses.replace(cfg.model, learn_logit_scale=True)
+    assert RetrievalTask(cfg).build_loss().logit_scale == pytest.approx(1.0)
+    cfg.loss = LossConfig(name="TripletLoss")
+    with pytest.raises(ValueError, match="TripletLoss has none"):
+        RetrievalTask(cfg).build_loss()
+
+
+def test_soft_triple_in_the_two_tower_model_has_one_centre_per_image():
+    assert RetrievalTask(_experiment("SoftTripleLoss")).build_loss().proxies_per_class == 1
+    with pytest.raises(ValueError, match="proxies_per_class=1"):
+        RetrievalTask(_experiment("SoftTripleLoss", proxies_per_class=10)).build_loss()
+
+
+def test_params_override_selects_a_loss_by_name():
+    cfg = configs.load_experiment(_demo_yaml(), ["loss.name=TripletLoss"])
+    loss = RetrievalTask(cfg).build_loss()
+    assert type(loss).__name__ == "TripletLoss" and loss.logit_scale is None
+
+
+def _demo_yaml() -> str:
+    import pathlib
+
+    return str(pathlib.Path(__file__).resolve().parents[2] / "configs" / "synthetic_demo.yaml")
+
+
+def test_the_model_refuses_a_loss_with_another_lambda(task_vocab_file):
+    cfg = _experiment("SampledSoftmax")
+    task = RetrievalTask(cfg)
+    model = task.build_model(task_vocab_file)
+    text_opt, image_opt = task.build_optimizers(10)
+    with pytest.raises(ValueError, match="logit scale mismatch"):
+        model.compile(loss=losses.SampledSoftmax(scale=10.0), text_optimizer=text_opt, image_optimizer=image_opt)
+    with pytest.raises(TypeError, match="pass a loss instance"):
+        model.compile(loss="sampled_softmax", text_optimizer=text_opt, image_optimizer=image_opt)
+    tf.keras.backend.clear_session()
