@@ -11,6 +11,7 @@ with ball partitions vs brute force (fraction of dot products computed, speed-up
     python benchmarks/ann.py                 # N = 1,000,000 (about 10 minutes on 2 cores)
     python benchmarks/ann.py --n 200000 --out benchmarks/results/ann_200k.json
 """
+
 import argparse
 import json
 import os
@@ -35,13 +36,15 @@ def clustered(n, d, num_clusters, spread, seed):
     x = np.empty((n, d), dtype=np.float32)
     for s in range(0, n, 100_000):
         m = min(n, s + 100_000) - s
-        chunk = centers[rng.integers(0, num_clusters, m)] + spread * rng.normal(size=(m, d)).astype(np.float32) / np.sqrt(d)
-        x[s:s + m] = chunk / np.linalg.norm(chunk, axis=1, keepdims=True)
+        chunk = centers[rng.integers(0, num_clusters, m)] + spread * rng.normal(size=(m, d)).astype(
+            np.float32
+        ) / np.sqrt(d)
+        x[s : s + m] = chunk / np.linalg.norm(chunk, axis=1, keepdims=True)
     return x
 
 
 def recall(found, truth):
-    found = np.asarray(found)[:, :truth.shape[1]]
+    found = np.asarray(found)[:, : truth.shape[1]]
     return float(np.mean([len(np.intersect1d(a, b)) for a, b in zip(found, truth, strict=True)]) / truth.shape[1])
 
 
@@ -72,31 +75,60 @@ def main():
     ap.add_argument("--out", default=None, help="write all figures as JSON here")
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
-    rows, info = [], {"n": args.n, "dim": args.dim, "queries": args.queries, "clusters": args.clusters,
-                      "spread": args.spread, "cpus": os.cpu_count()}
+    rows, info = (
+        [],
+        {
+            "n": args.n,
+            "dim": args.dim,
+            "queries": args.queries,
+            "clusters": args.clusters,
+            "spread": args.spread,
+            "cpus": os.cpu_count(),
+        },
+    )
 
     data = clustered(args.n + args.queries, args.dim, args.clusters, args.spread, seed=0)
-    x, q = data[:args.n], data[args.n:]
+    x, q = data[: args.n], data[args.n :]
     (truth, _), t_exact = timed(exact_search, q, x, 10)
     exact_qps = len(q) / t_exact
     exact_single = single_latency(lambda v: exact_search(v[None], x, 10), q, min(args.single, 50))
-    rows.append({"method": "exact numpy", "setting": "chunked matmul", "recall@10": 1.0, "qps": exact_qps,
-                 "p50_ms": exact_single[0], "p99_ms": exact_single[1], "build_s": 0.0})
+    rows.append(
+        {
+            "method": "exact numpy",
+            "setting": "chunked matmul",
+            "recall@10": 1.0,
+            "qps": exact_qps,
+            "p50_ms": exact_single[0],
+            "p99_ms": exact_single[1],
+            "build_s": 0.0,
+        }
+    )
     print(f"exact: {exact_qps:.1f} q/s batched", flush=True)
 
     p = default_params(args.n, IndexParams())
     searcher, t_build = timed(build_scann, x, p)
-    info["scann_params"] = {"num_leaves": p.num_leaves, "reorder": p.reorder_num_neighbors,
-                            "training_sample_size": p.training_sample_size}
+    info["scann_params"] = {
+        "num_leaves": p.num_leaves,
+        "reorder": p.reorder_num_neighbors,
+        "training_sample_size": p.training_sample_size,
+    }
     for leaves in sorted({max(1, round(p.num_leaves * f)) for f in (0.005, 0.01, 0.02, 0.04, 0.07, 0.1, 0.2, 0.3)}):
         for reorder in (p.reorder_num_neighbors, 4 * p.reorder_num_neighbors):  # the depths the index tunes over
             (found, _), t = timed(searcher.search_batched_parallel, q, 10, reorder, leaves)
-            lat = single_latency(lambda v, leaves=leaves, reorder=reorder: searcher.search(v, 10, reorder, leaves), q,
-                                 args.single)
-            rows.append({"method": "scann (ce_retrieval index)",
-                         "setting": f"leaves_to_search={leaves}/{p.num_leaves} reorder={reorder}",
-                         "recall@10": recall(found, truth), "qps": len(q) / t, "p50_ms": lat[0], "p99_ms": lat[1],
-                         "build_s": t_build})
+            lat = single_latency(
+                lambda v, leaves=leaves, reorder=reorder: searcher.search(v, 10, reorder, leaves), q, args.single
+            )
+            rows.append(
+                {
+                    "method": "scann (ce_retrieval index)",
+                    "setting": f"leaves_to_search={leaves}/{p.num_leaves} reorder={reorder}",
+                    "recall@10": recall(found, truth),
+                    "qps": len(q) / t,
+                    "p50_ms": lat[0],
+                    "p99_ms": lat[1],
+                    "build_s": t_build,
+                }
+            )
             print(rows[-1], flush=True)
 
     import faiss
@@ -113,9 +145,17 @@ def main():
             ivf.nprobe = nprobe
             (res, t) = timed(ivf.search, q, 10)
             lat = single_latency(lambda v: ivf.search(v[None], 10), q, args.single)
-            rows.append({"method": "faiss IVFFlat", "setting": f"nlist={nlist} nprobe={nprobe}",
-                         "recall@10": recall(res[1], truth), "qps": len(q) / t, "p50_ms": lat[0], "p99_ms": lat[1],
-                         "build_s": t_ivf})
+            rows.append(
+                {
+                    "method": "faiss IVFFlat",
+                    "setting": f"nlist={nlist} nprobe={nprobe}",
+                    "recall@10": recall(res[1], truth),
+                    "qps": len(q) / t,
+                    "p50_ms": lat[0],
+                    "p99_ms": lat[1],
+                    "build_s": t_ivf,
+                }
+            )
             print(rows[-1], flush=True)
     if "hnsw_faiss" not in skip:
         hnsw = faiss.IndexHNSWFlat(args.dim, 32, faiss.METRIC_INNER_PRODUCT)
@@ -125,9 +165,17 @@ def main():
             hnsw.hnsw.efSearch = ef
             (res, t) = timed(hnsw.search, q, 10)
             lat = single_latency(lambda v: hnsw.search(v[None], 10), q, args.single)
-            rows.append({"method": "faiss HNSWFlat", "setting": f"M=32 efC=80 efSearch={ef}",
-                         "recall@10": recall(res[1], truth), "qps": len(q) / t, "p50_ms": lat[0], "p99_ms": lat[1],
-                         "build_s": t_hnsw})
+            rows.append(
+                {
+                    "method": "faiss HNSWFlat",
+                    "setting": f"M=32 efC=80 efSearch={ef}",
+                    "recall@10": recall(res[1], truth),
+                    "qps": len(q) / t,
+                    "p50_ms": lat[0],
+                    "p99_ms": lat[1],
+                    "build_s": t_hnsw,
+                }
+            )
             print(rows[-1], flush=True)
     if "hnswlib" not in skip:
         import hnswlib
@@ -141,8 +189,17 @@ def main():
             h.set_ef(ef)
             (res, t) = timed(h.knn_query, q, 10)
             lat = single_latency(lambda v: h.knn_query(v[None], 10), q, args.single)
-            rows.append({"method": "hnswlib", "setting": f"M=16 efC=80 ef={ef}", "recall@10": recall(res[0], truth),
-                         "qps": len(q) / t, "p50_ms": lat[0], "p99_ms": lat[1], "build_s": t_h})
+            rows.append(
+                {
+                    "method": "hnswlib",
+                    "setting": f"M=16 efC=80 ef={ef}",
+                    "recall@10": recall(res[0], truth),
+                    "qps": len(q) / t,
+                    "p50_ms": lat[0],
+                    "p99_ms": lat[1],
+                    "build_s": t_h,
+                }
+            )
             print(rows[-1], flush=True)
 
     # exact threshold search: ball partitions vs brute force, tau = each query's 100th best score (median)
@@ -154,27 +211,37 @@ def main():
     (r_part, _, scored), t_part = timed(threshold_search, qs, xs, tau, parts)
     (r_brute, _, _), t_brute = timed(threshold_search, qs, xs, tau, None)
     assert [sorted(a.tolist()) for a in r_part] == [sorted(a.tolist()) for a in r_brute]
-    info["threshold_search"] = {"tau": tau, "mean_hits": float(np.mean([len(a) for a in r_part])),
-                                "fraction_scored": scored / (len(qs) * len(x)), "speedup_vs_brute": t_brute / t_part}
+    info["threshold_search"] = {
+        "tau": tau,
+        "mean_hits": float(np.mean([len(a) for a in r_part])),
+        "fraction_scored": scored / (len(qs) * len(x)),
+        "speedup_vs_brute": t_brute / t_part,
+    }
 
     for r in rows:
         r["qps_vs_exact"] = r["qps"] / exact_qps
-    print(f"\nN={args.n} d={args.dim} queries={args.queries} clusters={args.clusters} spread={args.spread}; "
-          f"exact batched {exact_qps:.1f} q/s")
+    print(
+        f"\nN={args.n} d={args.dim} queries={args.queries} clusters={args.clusters} spread={args.spread}; "
+        f"exact batched {exact_qps:.1f} q/s"
+    )
     print("| method | setting | recall@10 | batched q/s | x exact | single p50 ms | p99 ms | build s |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['method']} | {r['setting']} | {r['recall@10']:.4f} | {r['qps']:.0f} | {r['qps_vs_exact']:.0f} | "
-              f"{r['p50_ms']:.3f} | {r['p99_ms']:.3f} | {r['build_s']:.1f} |")
+        print(
+            f"| {r['method']} | {r['setting']} | {r['recall@10']:.4f} | {r['qps']:.0f} | {r['qps_vs_exact']:.0f} | "
+            f"{r['p50_ms']:.3f} | {r['p99_ms']:.3f} | {r['build_s']:.1f} |"
+        )
     best = {}
     for r in rows:
         if r["recall@10"] >= 0.95 and r["method"] != "exact numpy":
             best[r["method"]] = max(best.get(r["method"], 0.0), r["qps"])
     info["best_qps_at_recall_0.95"] = best
     print(f"\nbest batched q/s at recall@10 >= 0.95: {json.dumps({k: round(v) for k, v in best.items()})}")
-    print(f"exact threshold search (tau={tau:.4f}, {info['threshold_search']['mean_hits']:.0f} hits/query): "
-          f"{100 * info['threshold_search']['fraction_scored']:.1f}% of dot products, "
-          f"{info['threshold_search']['speedup_vs_brute']:.2f}x brute force")
+    print(
+        f"exact threshold search (tau={tau:.4f}, {info['threshold_search']['mean_hits']:.0f} hits/query): "
+        f"{100 * info['threshold_search']['fraction_scored']:.1f}% of dot products, "
+        f"{info['threshold_search']['speedup_vs_brute']:.2f}x brute force"
+    )
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"info": info, "rows": rows}, f, indent=2)

@@ -20,6 +20,7 @@ Formerly ``ce-retrieval dml-compare`` (same flags and output):
 
     python benchmarks/dml_comparison.py --losses ProxyNCALoss NCALoss --steps 300
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,11 +64,17 @@ def _proxy_head(loss, num_classes: int, embedding_dim: int, seed: int) -> ProxyS
     if name == "CentroidUpperBoundLoss":
         method = "one_hot" if embedding_dim >= num_classes else "kmeans"
         centroids = fixed_centroids(num_classes, embedding_dim, method=method, seed=seed)
-        head = ProxySimilarity(num_classes, proxy_initializer=tf.keras.initializers.Constant(centroids), trainable=False)
+        head = ProxySimilarity(
+            num_classes, proxy_initializer=tf.keras.initializers.Constant(centroids), trainable=False
+        )
     elif name == "SoftTripleLoss":
         k = loss.proxies_per_class
-        head = ProxySimilarity(num_classes, k, proxy_initializer=tf.keras.initializers.HeNormal(seed=seed),
-                               proxy_regularizer=SoftTripleCenterRegularizer(num_classes, k))
+        head = ProxySimilarity(
+            num_classes,
+            k,
+            proxy_initializer=tf.keras.initializers.HeNormal(seed=seed),
+            proxy_regularizer=SoftTripleCenterRegularizer(num_classes, k),
+        )
     else:
         head = ProxySimilarity(num_classes, proxy_initializer=tf.keras.initializers.HeNormal(seed=seed))
     head.build([None, embedding_dim])
@@ -82,9 +89,19 @@ def _pk_batches(y: np.ndarray, classes_per_batch: int, samples_per_class: int, s
         yield idx.numpy()
 
 
-def train_embedding(loss, x: np.ndarray, y: np.ndarray, embedding_dim: int = 16, hidden: int = 64, steps: int = 300,
-                    classes_per_batch: int = 8, samples_per_class: int = 4, learning_rate: float = 3e-3,
-                    proxy_lr_multiplier: float = 10.0, seed: int = 0) -> tf.keras.Model:
+def train_embedding(
+    loss,
+    x: np.ndarray,
+    y: np.ndarray,
+    embedding_dim: int = 16,
+    hidden: int = 64,
+    steps: int = 300,
+    classes_per_batch: int = 8,
+    samples_per_class: int = 4,
+    learning_rate: float = 3e-3,
+    proxy_lr_multiplier: float = 10.0,
+    seed: int = 0,
+) -> tf.keras.Model:
     """Trains and returns the embedding model (``x -> unit-norm embedding``) with ``loss`` on labels ``y``."""
     tf.keras.utils.set_random_seed(seed)
     model = _embedding_model(x.shape[1], embedding_dim, hidden, seed)
@@ -115,8 +132,16 @@ def train_embedding(loss, x: np.ndarray, y: np.ndarray, embedding_dim: int = 16,
     return model
 
 
-def compare_losses(loss_names=DEFAULT_LOSSES, data=None, steps: int = 300, embedding_dim: int = 16,
-                   ks=(1, 2, 4, 8), split: str = "classes", seed: int = 0, **train_kwargs) -> dict:
+def compare_losses(
+    loss_names=DEFAULT_LOSSES,
+    data=None,
+    steps: int = 300,
+    embedding_dim: int = 16,
+    ks=(1, 2, 4, 8),
+    split: str = "classes",
+    seed: int = 0,
+    **train_kwargs,
+) -> dict:
     """``{name: metrics}`` for each loss (a registered name, a config dict or an instance) on held-out data,
     plus ``'untrained'`` (the shared initial model) and ``'raw features'``. ``data = (x, y)`` defaults to
     :func:`make_labelled_data`. ``split='classes'``: train on the first half of the classes, test on the rest
@@ -134,17 +159,23 @@ def compare_losses(loss_names=DEFAULT_LOSSES, data=None, steps: int = 300, embed
     else:
         raise ValueError(f"compare_losses: split must be 'classes' or 'samples', got {split!r}")
     x_train, y_train, x_test, y_test = x[train], y[train], x[~train], y[~train]
-    results = {"raw features": labelled_retrieval_metrics(x_test / np.linalg.norm(x_test, axis=1, keepdims=True),
-                                                          y_test, ks=ks, seed=seed)}
+    results = {
+        "raw features": labelled_retrieval_metrics(
+            x_test / np.linalg.norm(x_test, axis=1, keepdims=True), y_test, ks=ks, seed=seed
+        )
+    }
     tf.keras.utils.set_random_seed(seed)
     untrained = _embedding_model(x.shape[1], embedding_dim, train_kwargs.get("hidden", 64), seed)
-    results["untrained"] = labelled_retrieval_metrics(untrained(x_test, training=False).numpy(), y_test, ks=ks, seed=seed)
+    results["untrained"] = labelled_retrieval_metrics(
+        untrained(x_test, training=False).numpy(), y_test, ks=ks, seed=seed
+    )
     for name in loss_names:
         loss = get_loss(name)
         name = name if isinstance(name, str) else type(loss).__name__
         start = time.perf_counter()
-        model = train_embedding(loss, x_train, y_train, embedding_dim=embedding_dim, steps=steps, seed=seed,
-                                **train_kwargs)
+        model = train_embedding(
+            loss, x_train, y_train, embedding_dim=embedding_dim, steps=steps, seed=seed, **train_kwargs
+        )
         seconds = time.perf_counter() - start
         results[name] = labelled_retrieval_metrics(model(x_test, training=False).numpy(), y_test, ks=ks, seed=seed)
         results[name]["train_seconds"] = seconds
@@ -168,22 +199,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--classes", type=int, default=40, help="generated classes (half train, half test)")
     parser.add_argument("--per-class", type=int, default=30)
     parser.add_argument("--embedding-dim", type=int, default=16)
-    parser.add_argument("--split", choices=["classes", "samples"], default="classes",
-                        help="test on unseen classes (DML protocol) or on held-out samples of the training classes")
+    parser.add_argument(
+        "--split",
+        choices=["classes", "samples"],
+        default="classes",
+        help="test on unseen classes (DML protocol) or on held-out samples of the training classes",
+    )
     parser.add_argument("--seed", type=int, default=0)
 
 
 def run(args) -> int:
     data = make_labelled_data(num_classes=args.classes, per_class=args.per_class, seed=args.seed)
-    results = compare_losses(args.losses, data=data, steps=args.steps, embedding_dim=args.embedding_dim,
-                             split=args.split, seed=args.seed)
+    results = compare_losses(
+        args.losses, data=data, steps=args.steps, embedding_dim=args.embedding_dim, split=args.split, seed=args.seed
+    )
     print(format_table(results))
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="train small embeddings with several metric-learning losses and "
-                                                 "compare labelled retrieval metrics")
+    parser = argparse.ArgumentParser(
+        description="train small embeddings with several metric-learning losses and compare labelled retrieval metrics"
+    )
     add_arguments(parser)
     return run(parser.parse_args(argv))
 

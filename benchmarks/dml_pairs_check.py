@@ -1,7 +1,8 @@
 """Forward + backward cost of each pair/triplet loss at N = 2048, as a ratio to an in-batch sampled softmax
 computed the same way in the same process (the target: <= 3x, triplet 'all' excepted).
 
-    .venv/bin/python benchmarks/dml_pairs_check.py [--n 2048] [--dim 128] [--per-class 2] [--repeats 7] [--xla] [--only Triplet]
+    .venv/bin/python benchmarks/dml_pairs_check.py [--n 2048] [--dim 128] [--per-class 2]
+        [--repeats 7] [--xla] [--only Triplet]
 
 Each loss gets a ``tf.function`` (optionally ``jit_compile``) computing ``d loss / d S`` for a fixed
 ``S = E E^T`` of L2-normalised random embeddings with K examples per class (default K = 2: P x K = 1024 x 2); the figure
@@ -9,6 +10,7 @@ is the median wall time over ``repeats`` runs after one warm-up, divided by the 
 run alternately. Ratios
 from one process are robust to a loaded machine; absolute times are not.
 """
+
 import argparse
 import os
 import time
@@ -90,13 +92,17 @@ def main():
     relevance = losses.relevance_from_ids(ids, ids, exclude_self=True)
     scores = tf.constant(e @ e.T)
     baseline = grad_fn(sampled_softmax, relevance, args.xla)
-    print(f"N={args.n} dim={args.dim} K={args.per_class} xla={args.xla}  baseline: in-batch sampled softmax, timed alternately with each loss")
+    print(
+        f"N={args.n} dim={args.dim} K={args.per_class} xla={args.xla}  baseline: in-batch sampled softmax, "
+        "timed alternately with each loss"
+    )
     print(f"{'loss':42s} {'ms':>9s} {'base ms':>9s} {'ratio':>7s}")
     for name, factory in CONFIGS.items():
         if args.only and not any(key in name for key in args.only.split(",")):
             continue
         t, base = timed_against(grad_fn(factory(), relevance, args.xla), baseline, scores, args.repeats)
         print(f"{name:42s} {1e3 * t:9.1f} {1e3 * base:9.1f} {t / base:7.2f}")
+
 
 if __name__ == "__main__":
     main()

@@ -1,13 +1,15 @@
 """Forward + backward cost of the proxy / NCA / LMNN / centroid losses at N = 2048, as a ratio to
 SampledSoftmax (paper eq. 2) on the in-batch [N, N] matrix, measured in the same process.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/dml_proxy_speed.py [--n 2048] [--dim 128] [--classes 512] [--repeats 7] [--xla]
+    PYTHONPATH=. .venv/bin/python benchmarks/dml_proxy_speed.py [--n 2048] [--dim 128] [--classes 512]
+        [--repeats 7] [--xla]
 
 Each loss is timed as one tf.function computing the loss from embeddings (and proxies) and the gradients
 with respect to both; the baseline does the same for SampledSoftmax on S = E Eᵀ with one positive per row.
 Pair-based losses (NCA, LMNN) also work on [N, N]; proxy losses on [N, C·K]. Reported: median seconds of
 ``--repeats`` runs after a warm-up, and the ratio to the baseline's median.
 """
+
 from __future__ import annotations  # noqa: I001  (ce_retrieval must be imported before TensorFlow)
 
 import argparse
@@ -54,6 +56,7 @@ def main(argv=None):
                 e = tf.math.l2_normalize(emb, -1)
                 value = loss(pair_rel, tf.matmul(e, e, transpose_b=True))
             return value, tape.gradient(value, emb)
+
         return run
 
     def proxy_fn(loss, k):
@@ -65,6 +68,7 @@ def main(argv=None):
                 s = tf.matmul(tf.math.l2_normalize(emb, -1), tf.math.l2_normalize(proxies, -1), transpose_b=True)
                 value = loss(rel, s)
             return value, tape.gradient(value, [emb, proxies])
+
         return run
 
     baseline, baseline_name = L.SampledSoftmax(), "SampledSoftmax"

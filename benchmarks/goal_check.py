@@ -13,6 +13,7 @@ tower model with ``model.fit(jit_compile=True)``, in float32 and in mixed_float1
 
     .venv/bin/python benchmarks/goal_check.py [--n 2048] [--repeats 7] [--skip-train]
 """
+
 import argparse
 import itertools
 import os
@@ -115,8 +116,11 @@ def main():
     parser.add_argument("--all-combos", action="store_true", help="time all 15 combinations, not 3")
     parser.add_argument("--skip-train", action="store_true")
     args = parser.parse_args()
-    combos = list(itertools.product(TRIPLET_WEIGHTS, PAIR_WEIGHTS)) if args.all_combos else [
-        ("constant", "constant"), ("circle", "sigmoid"), ("circle", "sigmoid-ms")]
+    combos = (
+        list(itertools.product(TRIPLET_WEIGHTS, PAIR_WEIGHTS))
+        if args.all_combos
+        else [("constant", "constant"), ("circle", "sigmoid"), ("circle", "sigmoid-ms")]
+    )
     print(f"N={args.n} D={args.dim}, median of {args.repeats}, ratio to in-batch softmax in the same process")
     for jit in (False, True):
         for wrt in ("S", "features"):

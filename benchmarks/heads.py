@@ -12,6 +12,7 @@ Every ``eval_every`` steps the test-split PR-AUC and Recall@1 are recorded (the 
 full evaluation (``ce_retrieval.evaluation.evaluate_embeddings``: PR-AUC, Recall@K, Recall@K with distractors,
 thresholds calibrated on validation and the precision they achieve on test, per-query threshold spread).
 """
+
 from __future__ import annotations
 
 import time
@@ -33,8 +34,12 @@ def make_loss(name: str, scale: float, **kwargs):
 
 
 def embed(features: dict, text_head, image_head, split: str) -> tuple:
-    return (text_head(features[f"{split}_text"]).numpy(), image_head(features[f"{split}_image"]).numpy(),
-            features[f"{split}_text_ids"], features[f"{split}_image_ids"])
+    return (
+        text_head(features[f"{split}_text"]).numpy(),
+        image_head(features[f"{split}_image"]).numpy(),
+        features[f"{split}_text_ids"],
+        features[f"{split}_image_ids"],
+    )
 
 
 def quick_metrics(features: dict, text_head, image_head, split: str = "test") -> dict:
@@ -55,13 +60,26 @@ def full_metrics(features: dict, text_head, image_head) -> dict:
     val = global_pr_auc(vq, vd, vqi, vdi, target_precisions=RELIABILITY_LEVELS)
     q, d, qi, di = embed(features, text_head, image_head, "test")
     distractors = image_head(features["distractor_image"]).numpy()
-    metrics = evaluate_embeddings(q, d, qi, di, distractor_emb=distractors,
-                                  calibration_thresholds=val["threshold_at_precision"])
+    metrics = evaluate_embeddings(
+        q, d, qi, di, distractor_emb=distractors, calibration_thresholds=val["threshold_at_precision"]
+    )
     return {"summary": summary(metrics), "metrics": metrics, "embeddings": (q, d, qi, di)}
 
 
-def train_heads(features: dict, loss, *, seed: int, batch: int = 512, steps: int = 1500, learning_rate: float = 1e-3,
-                hidden: int = 512, dim: int = 128, eval_every: int = 100, jit_compile: bool = True, log=None) -> dict:
+def train_heads(
+    features: dict,
+    loss,
+    *,
+    seed: int,
+    batch: int = 512,
+    steps: int = 1500,
+    learning_rate: float = 1e-3,
+    hidden: int = 512,
+    dim: int = 128,
+    eval_every: int = 100,
+    jit_compile: bool = True,
+    log=None,
+) -> dict:
     """Trains the two heads with ``loss`` and returns ``{"curve", "summary", "metrics", "seconds", ...}``."""
     import tensorflow as tf
 
@@ -106,7 +124,10 @@ def train_heads(features: dict, loss, *, seed: int, batch: int = 512, steps: int
             for k, v in point.items():
                 curve[k].append(v)
             if log:
-                log(f"    step {s}: loss {float(value):.4f}, test PR-AUC {point['pr_auc']:.4f}, R@1 {point['t2i_r1']:.4f}")
+                log(
+                    f"    step {s}: loss {float(value):.4f}, test PR-AUC {point['pr_auc']:.4f}, "
+                    f"R@1 {point['t2i_r1']:.4f}"
+                )
     train_seconds = time.perf_counter() - t0
     final = full_metrics(features, text_head, image_head)
     return {**final, "curve": curve, "seconds": train_seconds}

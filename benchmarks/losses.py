@@ -19,6 +19,7 @@ attribute ``benchmark_settings = {"kwargs": {...}, "max_n": int, "reason": str}`
     python benchmarks/losses.py --sizes 512 2048 8192 --modes eager function xla
     python benchmarks/losses.py --losses CrossExampleNegativeMining StochasticNegativeMining --sizes 8192
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,6 +57,7 @@ def relevance_for(settings: dict, n: int) -> tf.Tensor:
         raise ValueError(f"N = {n} is not a multiple of columns_per_class = {per_class}")
     block = tf.range(n) // per_class
     return tf.cast(tf.equal(block[:, None], block[None, :]), tf.float32)
+
 
 def make_inputs(loss, settings: dict, n: int, dim: int, seed: int):
     """(queries, documents, relevance): documents near their queries (positives score higher, as in training).
@@ -162,7 +164,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[512, 2048, 8192], help="batch sizes N (S is N x N)")
     parser.add_argument("--dim", type=int, default=128, help="embedding dimension d")
-    parser.add_argument("--modes", nargs="+", default=["eager", "function", "xla"], choices=["eager", "function", "xla"])
+    parser.add_argument(
+        "--modes", nargs="+", default=["eager", "function", "xla"], choices=["eager", "function", "xla"]
+    )
     parser.add_argument("--losses", nargs="+", default=None, help="subset of losses (default: all registered)")
     parser.add_argument("--repeats", type=int, default=3, help="timed steps per case (median reported)")
     parser.add_argument("--seed", type=int, default=0)
@@ -180,8 +184,13 @@ def main(argv=None) -> int:
         parser.error(f"unknown losses {unknown}; available: {losses.available()}")
     names = [BASELINE] + [n for n in names if n != BASELINE]
 
-    print(f"# forward+backward per step, d={args.dim}, R=I (SoftTriple: 8 columns per class), median of {args.repeats}; ratio = time / {BASELINE} time")
-    print("# peak MiB = peak RSS of a fresh process above its RSS before the first step (--memory); '-' = not measured\n")
+    print(
+        f"# forward+backward per step, d={args.dim}, R=I (SoftTriple: 8 columns per class), median of {args.repeats}; "
+        f"ratio = time / {BASELINE} time"
+    )
+    print(
+        "# peak MiB = peak RSS of a fresh process above its RSS before the first step (--memory); '-' = not measured\n"
+    )
     print("| loss | mode | N | seconds | ratio | peak MiB |")
     print("|---|---|---:|---:|---:|---:|")
     for mode in args.modes:

@@ -18,6 +18,7 @@ differences with p-values, the sweeps), ``curves.png`` (PR-AUC and R@1 against s
     python benchmarks/paper_tables.py --smoke --out /tmp/pt    # a tiny run of every stage (seconds; in the tests)
     python benchmarks/paper_tables.py --full                   # the whole two-tower model at the paper's settings (GPU)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,7 +42,14 @@ PAPER_LOSSES = {
     "CrossExampleSoftmax": {},
     "CrossExampleNegativeMining": {"negative_fraction": 0.5},
 }
-PAIRED_KEYS = ("pr_auc", "t2i_r1", "dis_t2i_r1", "achieved_precision_0.5", "mean_calibration_error", "relative_threshold_spread")
+PAIRED_KEYS = (
+    "pr_auc",
+    "t2i_r1",
+    "dis_t2i_r1",
+    "achieved_precision_0.5",
+    "mean_calibration_error",
+    "relative_threshold_spread",
+)
 
 
 @dataclasses.dataclass
@@ -59,32 +67,69 @@ class Plan:
     features: FeatureConfig = dataclasses.field(default_factory=FeatureConfig)
 
 
-SMOKE = Plan(seeds=2, steps=20, batch=64, eval_every=10, jit_compile=False, sweep_seeds=2, sweep_epochs=1.0, sweep_batches=(256,),
-             sweep_scales=(10.0,),
-             features=FeatureConfig(num_train_images=200, num_val_images=40, num_test_images=40, num_distractors=20,
-                                    image_epochs=1, caption_epochs=1, pretrain_batch=64))
+SMOKE = Plan(
+    seeds=2,
+    steps=20,
+    batch=64,
+    eval_every=10,
+    jit_compile=False,
+    sweep_seeds=2,
+    sweep_epochs=1.0,
+    sweep_batches=(256,),
+    sweep_scales=(10.0,),
+    features=FeatureConfig(
+        num_train_images=200,
+        num_val_images=40,
+        num_test_images=40,
+        num_distractors=20,
+        image_epochs=1,
+        caption_epochs=1,
+        pretrain_batch=64,
+    ),
+)
 
 
 def _record(loss: str, seed: int, result: dict, plan: Plan, batch: int, scale: float, steps: int) -> dict:
     """An evaluation-JSON document (what ``ce-retrieval report`` reads) plus the learning curve."""
     from ce_retrieval.evaluation.evaluate import _jsonable
 
-    return _jsonable({
-        "schema_version": 1, "run_name": loss, "split": "synthetic/test (pretrained-feature regime)",
-        "summary": result["summary"], "metrics": result["metrics"], "curve": result["curve"],
-        "num_distractors": plan.features.num_distractors, "calibration_split": {"name": "val"},
-        "dataset_fingerprint": plan.features.key(),
-        "config": {"loss": {"name": loss, "kwargs": {"scale": scale, **PAPER_LOSSES.get(loss, {})}},
-                   "train": {"seed": seed, "batch_size": batch, "steps": steps}, "features": dataclasses.asdict(plan.features)},
-        "seconds": {"train": result["seconds"]},
-    })
+    return _jsonable(
+        {
+            "schema_version": 1,
+            "run_name": loss,
+            "split": "synthetic/test (pretrained-feature regime)",
+            "summary": result["summary"],
+            "metrics": result["metrics"],
+            "curve": result["curve"],
+            "num_distractors": plan.features.num_distractors,
+            "calibration_split": {"name": "val"},
+            "dataset_fingerprint": plan.features.key(),
+            "config": {
+                "loss": {"name": loss, "kwargs": {"scale": scale, **PAPER_LOSSES.get(loss, {})}},
+                "train": {"seed": seed, "batch_size": batch, "steps": steps},
+                "features": dataclasses.asdict(plan.features),
+            },
+            "seconds": {"train": result["seconds"]},
+        }
+    )
 
 
 RECORDED_SECONDS: list[float] = []  # every run of this invocation, cached or not (its recorded training time)
 
 
-def run(features, loss: str, seed: int, plan: Plan, out: str, batch: int, scale: float, steps: int, tag: str = "",
-        rerun: bool = False, keep_embeddings: bool = False) -> dict:
+def run(
+    features,
+    loss: str,
+    seed: int,
+    plan: Plan,
+    out: str,
+    batch: int,
+    scale: float,
+    steps: int,
+    tag: str = "",
+    rerun: bool = False,
+    keep_embeddings: bool = False,
+) -> dict:
     path = os.path.join(out, "runs", f"{loss}{tag}-seed{seed}.json")
     if os.path.exists(path) and not rerun and not keep_embeddings:
         with open(path) as f:
@@ -92,8 +137,15 @@ def run(features, loss: str, seed: int, plan: Plan, out: str, batch: int, scale:
         RECORDED_SECONDS.append(doc["seconds"].get("total", doc["seconds"]["train"]))
         return doc
     t0 = time.perf_counter()
-    result = heads.train_heads(features, heads.make_loss(loss, scale, **PAPER_LOSSES.get(loss, {})), seed=seed,
-                               batch=batch, steps=steps, eval_every=min(plan.eval_every, steps), jit_compile=plan.jit_compile)
+    result = heads.train_heads(
+        features,
+        heads.make_loss(loss, scale, **PAPER_LOSSES.get(loss, {})),
+        seed=seed,
+        batch=batch,
+        steps=steps,
+        eval_every=min(plan.eval_every, steps),
+        jit_compile=plan.jit_compile,
+    )
     doc = _record(loss, seed, result, plan, batch, scale, steps)
     doc["seconds"]["total"] = time.perf_counter() - t0
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -102,8 +154,11 @@ def run(features, loss: str, seed: int, plan: Plan, out: str, batch: int, scale:
     os.replace(path + ".tmp", path)
     RECORDED_SECONDS.append(doc["seconds"]["total"])
     s = doc["summary"]
-    print(f"[paper_tables] {loss}{tag} seed {seed}: PR-AUC {100 * s['pr_auc']:.2f}  R@1 {100 * s['t2i_r1']:.2f}  "
-          f"({time.perf_counter() - t0:.0f} s)", flush=True)
+    print(
+        f"[paper_tables] {loss}{tag} seed {seed}: PR-AUC {100 * s['pr_auc']:.2f}  R@1 {100 * s['t2i_r1']:.2f}  "
+        f"({time.perf_counter() - t0:.0f} s)",
+        flush=True,
+    )
     if keep_embeddings:
         doc["_embeddings"] = result["embeddings"]
     return doc
@@ -122,8 +177,13 @@ def sweep(features, plan: Plan, out: str, name: str, values, make, rerun: bool) 
     for value in values:
         batch, scale = make(value)
         steps = max(1, int(round(plan.sweep_epochs * len(features["train_text_ids"]) / batch)))
-        docs = {loss: [run(features, loss, s, plan, out, batch, scale, steps, f"-{name}{value:g}", rerun)
-                       for s in range(plan.sweep_seeds)] for loss in ("SampledSoftmax", "CrossExampleSoftmax")}
+        docs = {
+            loss: [
+                run(features, loss, s, plan, out, batch, scale, steps, f"-{name}{value:g}", rerun)
+                for s in range(plan.sweep_seeds)
+            ]
+            for loss in ("SampledSoftmax", "CrossExampleSoftmax")
+        }
         row = {"value": value, "steps": steps}
         for key in ("pr_auc", "t2i_r1"):
             row[key] = _paired(docs["CrossExampleSoftmax"], docs["SampledSoftmax"], key)
@@ -136,7 +196,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="runs/paper_tables")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: every stage in seconds")
-    parser.add_argument("--full", action="store_true", help="train the whole two-tower model at the paper's settings instead")
+    parser.add_argument(
+        "--full", action="store_true", help="train the whole two-tower model at the paper's settings instead"
+    )
     parser.add_argument("--seeds", type=int, default=None)
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--losses", nargs="*", default=list(PAPER_LOSSES))
@@ -147,29 +209,56 @@ def main(argv=None) -> int:
         from benchmarks import paper_tables_full
 
         return paper_tables_full.main(args)
-    plan = dataclasses.replace(SMOKE if args.smoke else Plan(), **{k: v for k, v in
-                               (("seeds", args.seeds), ("steps", args.steps)) if v is not None})
+    plan = dataclasses.replace(
+        SMOKE if args.smoke else Plan(),
+        **{k: v for k, v in (("seeds", args.seeds), ("steps", args.steps)) if v is not None},
+    )
     start = time.perf_counter()
     os.makedirs(args.out, exist_ok=True)
     features = build_features(plan.features, os.path.join(args.out, "features"))
     feature_seconds = time.perf_counter() - start
 
-    docs = {loss: [run(features, loss, s, plan, args.out, plan.batch, plan.scale, plan.steps, rerun=args.rerun,
-                       keep_embeddings=(s == 0 and loss in ("SampledSoftmax", "CrossExampleSoftmax")))
-                   for s in range(plan.seeds)] for loss in args.losses}
+    docs = {
+        loss: [
+            run(
+                features,
+                loss,
+                s,
+                plan,
+                args.out,
+                plan.batch,
+                plan.scale,
+                plan.steps,
+                rerun=args.rerun,
+                keep_embeddings=(s == 0 and loss in ("SampledSoftmax", "CrossExampleSoftmax")),
+            )
+            for s in range(plan.seeds)
+        ]
+        for loss in args.losses
+    }
     table_seconds = time.perf_counter() - start - feature_seconds
     sweeps = {}
     if not args.no_sweeps:
-        sweeps["batch"] = sweep(features, plan, args.out, "batch", plan.sweep_batches, lambda b: (int(b), plan.scale), args.rerun)
-        sweeps["scale"] = sweep(features, plan, args.out, "scale", plan.sweep_scales, lambda s: (plan.batch, float(s)), args.rerun)
+        sweeps["batch"] = sweep(
+            features, plan, args.out, "batch", plan.sweep_batches, lambda b: (int(b), plan.scale), args.rerun
+        )
+        sweeps["scale"] = sweep(
+            features, plan, args.out, "scale", plan.sweep_scales, lambda s: (plan.batch, float(s)), args.rerun
+        )
     minutes = (time.perf_counter() - start) / 60
 
     from benchmarks import paper_tables_report
 
     with open(os.path.join(args.out, "features", "features.json")) as f:
         recorded_features = json.load(f)["seconds"]
-    files = paper_tables_report.write(args.out, docs, sweeps, plan, minutes=minutes, seconds={
-        "features": recorded_features, "runs": sum(RECORDED_SECONDS), "table": table_seconds})
+    files = paper_tables_report.write(
+        args.out,
+        docs,
+        sweeps,
+        plan,
+        minutes=minutes,
+        seconds={"features": recorded_features, "runs": sum(RECORDED_SECONDS), "table": table_seconds},
+    )
     print(f"[paper_tables] {sum(len(v) for v in docs.values())} table runs, {minutes:.1f} min; " + ", ".join(files))
     return 0
 

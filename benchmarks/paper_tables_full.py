@@ -7,6 +7,7 @@ takes hours (BENCHMARKS.md gives the regime that converges there); on a GPU minu
 
     python benchmarks/paper_tables.py --full --seeds 5 --steps 5000 --out runs/paper_tables_full
 """
+
 from __future__ import annotations
 
 import os
@@ -28,22 +29,39 @@ def run_one(loss: str, kwargs: dict, seed: int, steps: int, out: str, rerun: boo
     shutil.rmtree(run_dir, ignore_errors=True)
     cfg = configs.load_experiment(resolve_config("synthetic_demo"), [])
     per_epoch = min(steps, 500)
-    cfg = configs.merge(cfg, {
-        "data": {"num_train_images": 20000},
-        "model": {"logit_scale": 20.0},
-        "loss": {"name": loss, "kwargs": dict(kwargs)},
-        "train": {"seed": seed, "verbose": 0, "batch_size": 512, "steps_per_epoch": per_epoch,
-                  "epochs": max(1, steps // per_epoch)},
-        "evaluation": {"every_n_epochs": 0},
-    })
+    cfg = configs.merge(
+        cfg,
+        {
+            "data": {"num_train_images": 20000},
+            "model": {"logit_scale": 20.0},
+            "loss": {"name": loss, "kwargs": dict(kwargs)},
+            "train": {
+                "seed": seed,
+                "verbose": 0,
+                "batch_size": 512,
+                "steps_per_epoch": per_epoch,
+                "epochs": max(1, steps // per_epoch),
+            },
+            "evaluation": {"every_n_epochs": 0},
+        },
+    )
     t0 = time.perf_counter()
     train(cfg, os.path.join(run_dir, "model"), print_fn=None)
     _, model = load_trained(os.path.join(run_dir, "model"), which="latest")
     test = data.load_retrieval_split(cfg.data, "test")
     val = data.load_retrieval_split(cfg.data, "val")
     distractors = distractor_images(1000, seed=cfg.data.seed + 7919, image_size=cfg.data.image_size)
-    evaluate_model(model.text_encoder, model.image_encoder, test, distractor_images=distractors, calibration_split=val,
-                   output_dir=os.path.join(run_dir, "eval"), run_name=loss, config=configs.to_dict(cfg), plots=seed == 0)
+    evaluate_model(
+        model.text_encoder,
+        model.image_encoder,
+        test,
+        distractor_images=distractors,
+        calibration_split=val,
+        output_dir=os.path.join(run_dir, "eval"),
+        run_name=loss,
+        config=configs.to_dict(cfg),
+        plots=seed == 0,
+    )
     print(f"[paper_tables --full] {loss} seed {seed}: {time.perf_counter() - t0:.0f} s", flush=True)
     return result
 
@@ -54,7 +72,11 @@ def main(args) -> int:
 
     seeds = args.seeds or 5
     steps = args.steps or 5000
-    paths = [run_one(loss, PAPER_LOSSES[loss], seed, steps, args.out, args.rerun) for loss in args.losses for seed in range(seeds)]
+    paths = [
+        run_one(loss, PAPER_LOSSES[loss], seed, steps, args.out, args.rerun)
+        for loss in args.losses
+        for seed in range(seeds)
+    ]
     table = format_markdown(load_results(paths))
     with open(os.path.join(args.out, "table.md"), "w") as f:
         f.write(table + "\n")

@@ -1,4 +1,5 @@
 """Writes the paper-table benchmark's results: table.md, summary.json and the PNG figures (see paper_tables.py)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -11,12 +12,15 @@ from ce_retrieval.evaluation import plots
 from ce_retrieval.evaluation.report import format_markdown, paired_difference
 from ce_retrieval.evaluation.transfer import reliability_curve
 
-_PAIRED = [("pr_auc", "global PR-AUC (points)", 100), ("t2i_r1", "R@1 (points)", 100),
-           ("dis_t2i_r1", "R@1 with distractors (points)", 100),
-           ("achieved_precision_0.5", "precision achieved at the 0.5 threshold (points)", 100),
-           ("achieved_recall_0.5", "recall at the 0.5 threshold (points)", 100),
-           ("mean_calibration_error", "mean calibration error (points)", 100),
-           ("relative_threshold_spread", "relative spread of per-query thresholds", 1)]
+_PAIRED = [
+    ("pr_auc", "global PR-AUC (points)", 100),
+    ("t2i_r1", "R@1 (points)", 100),
+    ("dis_t2i_r1", "R@1 with distractors (points)", 100),
+    ("achieved_precision_0.5", "precision achieved at the 0.5 threshold (points)", 100),
+    ("achieved_recall_0.5", "recall at the 0.5 threshold (points)", 100),
+    ("mean_calibration_error", "mean calibration error (points)", 100),
+    ("relative_threshold_spread", "relative spread of per-query thresholds", 1),
+]
 _PAIRS = [("CrossExampleSoftmax", "SampledSoftmax"), ("CrossExampleNegativeMining", "StochasticNegativeMining")]
 
 
@@ -72,13 +76,22 @@ def plot_sweep(rows: list[dict], path: str, xlabel: str, log_x: bool) -> str:
 
 
 def _sweep_table(rows: list[dict], name: str) -> list[str]:
-    out = [f"| {name} | steps | SS PR-AUC | CE − SS PR-AUC | p | SS R@1 | CE − SS R@1 | p | n |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    out = [
+        f"| {name} | steps | SS PR-AUC | CE − SS PR-AUC | p | SS R@1 | CE − SS R@1 | p | n |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         pa, r1 = r["pr_auc"], r["t2i_r1"]
+
         def p(x):
             return "-" if x["p_value"] is None else f"{x['p_value']:.3f}"
-        out.append(f"| {r['value']:g} | {r['steps']} | {100 * r['ss_pr_auc']:.2f} | {100 * pa['mean']:+.2f} ± {100 * (pa['std'] or 0):.2f} | {p(pa)} "
-                   f"| {100 * r['ss_t2i_r1']:.2f} | {100 * r1['mean']:+.2f} ± {100 * (r1['std'] or 0):.2f} | {p(r1)} | {pa['n']} |")
+
+        out.append(
+            f"| {r['value']:g} | {r['steps']} | {100 * r['ss_pr_auc']:.2f} "
+            f"| {100 * pa['mean']:+.2f} ± {100 * (pa['std'] or 0):.2f} | {p(pa)} "
+            f"| {100 * r['ss_t2i_r1']:.2f} "
+            f"| {100 * r1['mean']:+.2f} ± {100 * (r1['std'] or 0):.2f} | {p(r1)} | {pa['n']} |"
+        )
     return out
 
 
@@ -87,8 +100,12 @@ def write(out: str, docs: dict, sweeps: dict, plan, minutes: float, seconds: dic
     files = [plot_curves(docs, os.path.join(out, "curves.png"))]
     lines = ["## Table (test split; mean ± std over seeds)", "", format_markdown(results), ""]
     paired = {}
-    lines += ["## Paired differences (same seed = same initial heads and batch order)", "",
-              "| comparison | figure | mean difference | std | n | p (paired t-test) |", "|---|---|---:|---:|---:|---:|"]
+    lines += [
+        "## Paired differences (same seed = same initial heads and batch order)",
+        "",
+        "| comparison | figure | mean difference | std | n | p (paired t-test) |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
     for a, b in _PAIRS:
         if a in docs and b in docs:
             for key, label, scale in _PAIRED:
@@ -96,20 +113,28 @@ def write(out: str, docs: dict, sweeps: dict, plan, minutes: float, seconds: dic
                 paired[f"{a}-{b}:{key}"] = d
                 if d["n"]:
                     p = "-" if d["p_value"] is None else f"{d['p_value']:.2g}"
-                    lines.append(f"| {a} − {b} | {label} | {scale * d['mean']:+.3f} | {scale * (d['std'] or 0):.3f} | {d['n']} | {p} |")
+                    lines.append(
+                        f"| {a} − {b} | {label} | {scale * d['mean']:+.3f} "
+                        f"| {scale * (d['std'] or 0):.3f} | {d['n']} | {p} |"
+                    )
     lines.append("")
     reliability = {}
     for loss, runs in docs.items():
         curves = [reliability_curve(r["metrics"]["transfer"]) for r in runs if r["metrics"].get("transfer")]
         promised = sorted({p for c in curves for p in c["promised"]})
-        if promised:
+        if not promised:  # no level reached on validation in any seed: drawn as "(no points)"
+            reliability[loss] = {"promised": [], "achieved": [], "std": [], "runs_reaching": []}
+        else:
             per_run = [dict(zip(c["promised"], c["achieved"], strict=True)) for c in curves]
             achieved = np.asarray([[run.get(p, np.nan) for p in promised] for run in per_run], np.float64)
             with np.errstate(all="ignore"):
                 mean, std = np.nanmean(achieved, 0), np.nanstd(achieved, 0)
-            reliability[loss] = {"promised": promised, "achieved": [None if np.isnan(m) else float(m) for m in mean],
-                                 "std": [None if np.isnan(v) else float(v) for v in std],
-                                 "runs_reaching": [int(np.sum(~np.isnan(achieved[:, i]))) for i in range(len(promised))]}
+            reliability[loss] = {
+                "promised": promised,
+                "achieved": [None if np.isnan(m) else float(m) for m in mean],
+                "std": [None if np.isnan(v) else float(v) for v in std],
+                "runs_reaching": [int(np.sum(~np.isnan(achieved[:, i]))) for i in range(len(promised))],
+            }
     if reliability:
         files.append(plots.plot_reliability(reliability, os.path.join(out, "reliability.png")))
     separation = {}
@@ -118,30 +143,54 @@ def write(out: str, docs: dict, sweeps: dict, plan, minutes: float, seconds: dic
         if "_embeddings" in first:
             pos, neg = plots.pooled_pair_scores(*first["_embeddings"])
             s = first["summary"]
-            separation[loss] = {"positives": pos, "negatives": neg,
-                                "note": f"seed 0: PR-AUC {100 * s['pr_auc']:.1f}%, R@1 {100 * s['t2i_r1']:.1f}%"}
+            separation[loss] = {
+                "positives": pos,
+                "negatives": neg,
+                "note": f"seed 0: PR-AUC {100 * s['pr_auc']:.1f}%, R@1 {100 * s['t2i_r1']:.1f}%",
+            }
     if separation:
-        files.append(plots.plot_score_separation(separation, os.path.join(out, "separation.png"),
-                                                 title="Test split, all caption x image pairs: relevant vs irrelevant"))
+        files.append(
+            plots.plot_score_separation(
+                separation,
+                os.path.join(out, "separation.png"),
+                title="Test split, all caption x image pairs: relevant vs irrelevant",
+            )
+        )
     for name, rows in sweeps.items():
         label = {"batch": "global batch size", "scale": "logit scale λ"}[name]
         files.append(plot_sweep(rows, os.path.join(out, f"sweep_{name}.png"), label, log_x=name == "batch"))
-        lines += [f"## CE gain against {label} ({plan.sweep_epochs:g} epochs of the training captions, "
-                  f"{plan.sweep_seeds} paired seeds)", "",
-                  *_sweep_table(rows, label), ""]
-    lines.append(f"Compute recorded for these results: {(seconds['features'] + seconds['runs']) / 60:.1f} min (pretrained "
-                 f"features {seconds['features'] / 60:.1f} min, {seconds['runs'] / 60:.1f} min of runs); this invocation "
-                 f"took {minutes:.1f} min (runs found on disk are reused).")
+        lines += [
+            f"## CE gain against {label} ({plan.sweep_epochs:g} epochs of the training captions, "
+            f"{plan.sweep_seeds} paired seeds)",
+            "",
+            *_sweep_table(rows, label),
+            "",
+        ]
+    lines.append(
+        f"Compute recorded for these results: {(seconds['features'] + seconds['runs']) / 60:.1f} min (pretrained "
+        f"features {seconds['features'] / 60:.1f} min, {seconds['runs'] / 60:.1f} min of runs); this invocation "
+        f"took {minutes:.1f} min (runs found on disk are reused)."
+    )
     with open(os.path.join(out, "table.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     summary = {
-        "plan": dataclasses.asdict(plan), "minutes": minutes, "seconds": seconds,
-        "table": {loss: {k: _mean_std([r["summary"].get(k) for r in runs]) + (len(runs),) for k in runs[0]["summary"]}
-                  for loss, runs in docs.items()},
+        "plan": dataclasses.asdict(plan),
+        "minutes": minutes,
+        "seconds": seconds,
+        "table": {
+            loss: {k: _mean_std([r["summary"].get(k) for r in runs]) + (len(runs),) for k in runs[0]["summary"]}
+            for loss, runs in docs.items()
+        },
         "paired": {k: {kk: vv for kk, vv in v.items() if kk != "pairs"} for k, v in paired.items()},
-        "sweeps": sweeps, "reliability": reliability,
-        "curves": {loss: {"step": runs[0]["curve"]["step"], **{k: np.mean([r["curve"][k] for r in runs], 0).tolist()
-                                                               for k in ("pr_auc", "t2i_r1")}} for loss, runs in docs.items()},
+        "sweeps": sweeps,
+        "reliability": reliability,
+        "curves": {
+            loss: {
+                "step": runs[0]["curve"]["step"],
+                **{k: np.mean([r["curve"][k] for r in runs], 0).tolist() for k in ("pr_auc", "t2i_r1")},
+            }
+            for loss, runs in docs.items()
+        },
     }
     with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1, default=float)

@@ -8,6 +8,7 @@ so positives score higher than most negatives as after training. scikit-learn ma
 at ``--sklearn_n`` (default 4,000 x 4,000 = 16M pairs); the streamed version runs at both sizes, and ratios are
 taken at equal size. Peak extra memory is measured with tracemalloc (NumPy allocations).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -80,13 +81,22 @@ def main():
     ours, t_ours, m_ours = measure(lambda: global_pr_auc(q, d, ids, ids, block_size=rows), args.repeats)
     _, t_plain, m_plain = measure(lambda: plain_streamed(q, d, ids))
     if abs(ours["average_precision"] - ref[0]) > 1e-12 or abs(ours["pr_auc"] - ref[1]) > 1e-12:
-        raise SystemExit(f"MISMATCH: AP {ours['average_precision']!r} vs {ref[0]!r}, PR-AUC {ours['pr_auc']!r} vs {ref[1]!r}")
-    print(f"## {args.sklearn_n} x {args.sklearn_n} pairs = {args.sklearn_n**2 / 1e6:.1f}M, d={args.dim}, noise={args.noise}")
-    print(f"AP {ours['average_precision']:.6f} (sklearn {ref[0]:.6f}), PR-AUC {ours['pr_auc']:.6f} (sklearn {ref[1]:.6f})")
+        raise SystemExit(
+            f"MISMATCH: AP {ours['average_precision']!r} vs {ref[0]!r}, PR-AUC {ours['pr_auc']!r} vs {ref[1]!r}"
+        )
+    print(
+        f"## {args.sklearn_n} x {args.sklearn_n} pairs = {args.sklearn_n**2 / 1e6:.1f}M, "
+        f"d={args.dim}, noise={args.noise}"
+    )
+    print(
+        f"AP {ours['average_precision']:.6f} (sklearn {ref[0]:.6f}), PR-AUC {ours['pr_auc']:.6f} (sklearn {ref[1]:.6f})"
+    )
     print(f"sklearn        {t_sk:7.2f} s  peak {m_sk:8.1f} MiB")
     print(f"plain streamed {t_plain:7.2f} s  peak {m_plain:8.1f} MiB")
-    print(f"global_pr_auc  {t_ours:7.2f} s  peak {m_ours:8.1f} MiB   speed-up vs sklearn x{t_sk / t_ours:.1f}, "
-          f"vs plain streamed x{t_plain / t_ours:.1f}, memory / sklearn {m_ours / m_sk:.3f}")
+    print(
+        f"global_pr_auc  {t_ours:7.2f} s  peak {m_ours:8.1f} MiB   speed-up vs sklearn x{t_sk / t_ours:.1f}, "
+        f"vs plain streamed x{t_plain / t_ours:.1f}, memory / sklearn {m_ours / m_sk:.3f}"
+    )
 
     if args.n:
         q, d, ids = embeddings(args.n, args.dim, args.noise, seed=1)
@@ -96,7 +106,10 @@ def main():
         mm = measure(lambda: [q[r0 : r0 + 167] @ dt for r0 in range(0, len(q), 167)], 2)[1]
         print(f"## {args.n} x {args.n} pairs = {args.n**2 / 1e6:.1f}M, d={args.dim}")
         print(f"AP {out['average_precision']:.6f}  PR-AUC {out['pr_auc']:.6f}  best F1 {out['best_f1']['f1']:.4f}")
-        print(f"global_pr_auc  {t_full:7.2f} s  peak {m_full:8.1f} MiB  (one pass of float32 block matmuls alone: {mm:.2f} s)")
+        print(
+            f"global_pr_auc  {t_full:7.2f} s  peak {m_full:8.1f} MiB  "
+            f"(one pass of float32 block matmuls alone: {mm:.2f} s)"
+        )
         print(f"plain streamed {t_plain:7.2f} s  peak {m_plain:8.1f} MiB  -> x{t_plain / t_full:.1f}")
 
 

@@ -13,6 +13,7 @@ Pretraining plus feature extraction takes a few minutes on 2 CPU cores and is ca
 (``features.npz`` + ``features.json`` holding the configuration it was made with; a different configuration
 is a cache miss).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -74,10 +75,18 @@ def _demo_config(fc: FeatureConfig):
     from ce_retrieval.cli.train import resolve_config
 
     cfg = configs.load_experiment(resolve_config("synthetic_demo"), [])
-    return configs.merge(cfg, {"data": {
-        "num_train_images": fc.num_train_images, "num_val_images": fc.num_val_images,
-        "num_test_images": fc.num_test_images, "captions_per_image": fc.captions_per_image, "seed": fc.data_seed,
-    }})
+    return configs.merge(
+        cfg,
+        {
+            "data": {
+                "num_train_images": fc.num_train_images,
+                "num_val_images": fc.num_val_images,
+                "num_test_images": fc.num_test_images,
+                "captions_per_image": fc.captions_per_image,
+                "seed": fc.data_seed,
+            }
+        },
+    )
 
 
 def _feature_model(tower, layer_name: str, input_name: str, dtype):
@@ -96,14 +105,19 @@ def _pretrain(extractor, inputs, targets, fc: FeatureConfig, epochs: int, what: 
     tf.keras.utils.set_random_seed(fc.pretrain_seed)
     logits = tf.keras.layers.Dense(targets.shape[1], name=f"{what}_attributes")(extractor.output)
     classifier = tf.keras.Model(extractor.input, logits)
-    classifier.compile(optimizer=tf.keras.optimizers.Adam(1e-3),
-                       loss=tf.keras.losses.BinaryCrossentropy(from_logits=True),
-                       metrics=[tf.keras.metrics.BinaryAccuracy(threshold=0.0, name="acc")])
+    classifier.compile(
+        optimizer=tf.keras.optimizers.Adam(1e-3),
+        loss=tf.keras.losses.BinaryCrossentropy(from_logits=True),
+        metrics=[tf.keras.metrics.BinaryAccuracy(threshold=0.0, name="acc")],
+    )
     data = tf.data.Dataset.from_tensor_slices((inputs, targets)).shuffle(len(targets), seed=fc.pretrain_seed)
     t0 = time.perf_counter()
     hist = classifier.fit(data.batch(fc.pretrain_batch).prefetch(2), epochs=epochs, verbose=0)
-    log(f"[features] {what} tower pretrained on attributes: {epochs} epochs, "
-        f"loss {hist.history['loss'][-1]:.4f}, bit accuracy {hist.history['acc'][-1]:.4f}, {time.perf_counter() - t0:.0f} s")
+    log(
+        f"[features] {what} tower pretrained on attributes: {epochs} epochs, "
+        f"loss {hist.history['loss'][-1]:.4f}, bit accuracy {hist.history['acc'][-1]:.4f}, "
+        f"{time.perf_counter() - t0:.0f} s"
+    )
 
 
 def _embed(model, items, batch: int = 512) -> np.ndarray:
@@ -132,18 +146,27 @@ def build_features(fc: FeatureConfig, cache_dir: str, log=print) -> dict:
     t0 = time.perf_counter()
     cfg = _demo_config(fc)
     splits = {s: synthetic.split_from_config(cfg.data, s) for s in ("train", "val", "test")}
-    log(f"[features] synthetic splits generated: {', '.join(f'{s} {len(v.images)}' for s, v in splits.items())} images, "
-        f"{time.perf_counter() - t0:.0f} s")
+    log(
+        "[features] synthetic splits generated: "
+        f"{', '.join(f'{s} {len(v.images)}' for s, v in splits.items())} images, "
+        f"{time.perf_counter() - t0:.0f} s"
+    )
     os.makedirs(cache_dir, exist_ok=True)
     vocab = vocab_path_for(cfg.data, cache_dir)
-    text = _feature_model(build_text_tower(cfg.model.text, cfg.model.embedding_dim, vocab), "text_projection", "caption", tf.string)
-    image = _feature_model(build_image_tower(cfg.model.image, cfg.model.embedding_dim), "image_projection", "image", tf.string)
+    text = _feature_model(
+        build_text_tower(cfg.model.text, cfg.model.embedding_dim, vocab), "text_projection", "caption", tf.string
+    )
+    image = _feature_model(
+        build_image_tower(cfg.model.image, cfg.model.embedding_dim), "image_projection", "image", tf.string
+    )
 
     train = splits["train"]
     image_targets = np.stack([scene_attributes(s) for s in train.scenes])
     captions, caption_ids, caption_index = train.flat_captions()
     _pretrain(image, np.asarray(train.images, dtype=object), image_targets, fc, fc.image_epochs, "image", log)
-    _pretrain(text, np.asarray(captions, dtype=object), image_targets[caption_index], fc, fc.caption_epochs, "text", log)
+    _pretrain(
+        text, np.asarray(captions, dtype=object), image_targets[caption_index], fc, fc.caption_epochs, "text", log
+    )
 
     out = {}
     for name, split in splits.items():
@@ -152,8 +175,9 @@ def build_features(fc: FeatureConfig, cache_dir: str, log=print) -> dict:
         out[f"{name}_text_ids"] = np.asarray(cap_ids, np.int64)
         out[f"{name}_image"] = _embed(image, split.images)
         out[f"{name}_image_ids"] = np.asarray(split.image_ids, np.int64)
-    out["distractor_image"] = _embed(image, synthetic.distractor_images(fc.num_distractors, seed=fc.data_seed + 7919,
-                                                                           image_size=cfg.data.image_size))
+    out["distractor_image"] = _embed(
+        image, synthetic.distractor_images(fc.num_distractors, seed=fc.data_seed + 7919, image_size=cfg.data.image_size)
+    )
     tmp = path + ".tmp.npz"
     np.savez(tmp, **out)
     os.replace(tmp, path)

@@ -8,6 +8,7 @@ bag-of-words text tower (d = 128) and a gallery of generated unit vectors.
 
     python benchmarks/service.py --gallery 100000 --clients 4 --duration 20
 """
+
 import argparse
 import os
 import sys
@@ -28,7 +29,9 @@ from ce_retrieval.serving.index import build_index  # noqa: E402
 from ce_retrieval.serving.searcher import Searcher  # noqa: E402
 from ce_retrieval.serving.service import create_app, serve_in_thread  # noqa: E402
 
-WORDS = "a the dog cat man woman child red blue green runs sits stands on under near big small tree car beach city street".split()
+WORDS = (
+    "a the dog cat man woman child red blue green runs sits stands on under near big small tree car beach city street"
+).split()
 
 
 class HashedTextTower(tf.keras.Model):
@@ -48,8 +51,11 @@ class TinyImageTower(tf.keras.Model):
         self.proj = tf.keras.layers.Dense(dim)
 
     def call(self, image_bytes, training=False):
-        imgs = tf.map_fn(lambda b: tf.image.resize(tf.cast(tf.io.decode_image(b, 3, expand_animations=False), tf.float32), (8, 8)),
-                         image_bytes, fn_output_signature=tf.TensorSpec([8, 8, 3], tf.float32))
+        imgs = tf.map_fn(
+            lambda b: tf.image.resize(tf.cast(tf.io.decode_image(b, 3, expand_animations=False), tf.float32), (8, 8)),
+            image_bytes,
+            fn_output_signature=tf.TensorSpec([8, 8, 3], tf.float32),
+        )
         return tf.math.l2_normalize(self.proj(tf.reshape(imgs, [-1, 192])), axis=-1)
 
 
@@ -92,6 +98,7 @@ def main():
         app = create_app(root, reload_interval_s=0, max_concurrency=max(2, args.clients))
         lat, errors, stop = [], [], threading.Event()
         with serve_in_thread(app) as url:
+
             def client(i):
                 with httpx.Client(base_url=url, timeout=30) as c:
                     j = i
@@ -100,6 +107,7 @@ def main():
                         r = c.post("/search", json={"texts": [captions[j % len(captions)]], "k": 10})
                         (lat if r.status_code == 200 else errors).append(time.perf_counter() - t)
                         j += args.clients
+
             with httpx.Client(base_url=url) as c:
                 for cap in captions[:20]:
                     c.post("/search", json={"texts": [cap], "k": 10})
@@ -118,10 +126,15 @@ def main():
     print(f"\ngallery {args.gallery}, {args.clients} concurrent clients, {elapsed:.1f} s, CPUs {os.cpu_count()}")
     print("| path | requests/s | p50 ms | p90 ms | p99 ms | errors |")
     print("|---|---|---|---|---|---|")
-    print(f"| direct Searcher.search (1 thread, baseline) | {direct_rps:.0f} | {np.percentile(d_ms, 50):.2f} | "
-          f"{np.percentile(d_ms, 90):.2f} | {np.percentile(d_ms, 99):.2f} | 0 |")
-    print(f"| HTTP POST /search (loopback) | {rps:.0f} | {np.percentile(lat_ms, 50):.2f} | {np.percentile(lat_ms, 90):.2f} | "
-          f"{np.percentile(lat_ms, 99):.2f} | {len(errors)} |")
+    print(
+        f"| direct Searcher.search (1 thread, baseline) | {direct_rps:.0f} | {np.percentile(d_ms, 50):.2f} | "
+        f"{np.percentile(d_ms, 90):.2f} | {np.percentile(d_ms, 99):.2f} | 0 |"
+    )
+    print(
+        f"| HTTP POST /search (loopback) | {rps:.0f} | {np.percentile(lat_ms, 50):.2f} | "
+        f"{np.percentile(lat_ms, 90):.2f} | "
+        f"{np.percentile(lat_ms, 99):.2f} | {len(errors)} |"
+    )
     print(f"HTTP/direct throughput ratio {rps / direct_rps:.2f}")
 
 

@@ -8,6 +8,7 @@ at this scale leaves room for losses to differ.
 
     .venv/bin/python benchmarks/synthetic_data.py --steps 400
 """
+
 # ruff: noqa: I001  (ce_retrieval must be imported before TensorFlow: it selects legacy Keras)
 from __future__ import annotations
 
@@ -42,9 +43,13 @@ def _text_encoder(dim):
 
 def _image_encoder(dim, size):
     images = tf.keras.Input([], dtype=tf.string)
-    decode = tf.keras.layers.Lambda(lambda batch: tf.map_fn(
-        lambda b: tf.cast(tf.io.decode_png(b, channels=3), tf.float32) / 255.0, batch,
-        fn_output_signature=tf.TensorSpec([size, size, 3], tf.float32)))
+    decode = tf.keras.layers.Lambda(
+        lambda batch: tf.map_fn(
+            lambda b: tf.cast(tf.io.decode_png(b, channels=3), tf.float32) / 255.0,
+            batch,
+            fn_output_signature=tf.TensorSpec([size, size, 3], tf.float32),
+        )
+    )
     pixels = decode(images)
     x = pixels
     for filters in (32, 64, 96):
@@ -57,8 +62,12 @@ def _image_encoder(dim, size):
 
 
 def _recall(text, image, split, ks=(1, 5, 10)):
-    q = np.concatenate([text(tf.constant(split.captions[i:i + 500])).numpy() for i in range(0, len(split.captions), 500)])
-    d = np.concatenate([image(tf.constant(split.images[i:i + 250])).numpy() for i in range(0, len(split.images), 250)])
+    q = np.concatenate(
+        [text(tf.constant(split.captions[i : i + 500])).numpy() for i in range(0, len(split.captions), 500)]
+    )
+    d = np.concatenate(
+        [image(tf.constant(split.images[i : i + 250])).numpy() for i in range(0, len(split.images), 250)]
+    )
     scores = q @ d.T
     relevant = split.caption_ids[:, None] == split.image_ids[None, :]
     pos = (scores * relevant).max(1, keepdims=True)  # one relevant image per caption here
@@ -77,8 +86,11 @@ def main() -> None:
     splits = {s: synthetic.split_from_config(cfg, s) for s in ("train", "val", "test")}
     gen, cpu = time.perf_counter() - t0, time.process_time() - c0
     n_images = sum(len(s.images) for s in splits.values())
-    print(f"generation: {n_images} images at {cfg.image_size}px x {cfg.captions_per_image} captions in {gen:.1f} s wall, "
-          f"{cpu:.1f} s CPU ({1000 * cpu / n_images:.2f} ms CPU/image); mean PNG {np.mean([len(b) for b in splits['train'].images]):.0f} B")
+    print(
+        f"generation: {n_images} images at {cfg.image_size}px x {cfg.captions_per_image} captions in {gen:.1f} s wall, "
+        f"{cpu:.1f} s CPU ({1000 * cpu / n_images:.2f} ms CPU/image); "
+        f"mean PNG {np.mean([len(b) for b in splits['train'].images]):.0f} B"
+    )
 
     train = splits["train"]
     scenes = defaultdict(int)
@@ -91,8 +103,10 @@ def main() -> None:
             for w in re.findall(r"[a-z]+", c):
                 per_word[w].add(i)
     rare = sorted(per_word, key=lambda w: len(per_word[w]))[:3]
-    print(f"train: {len(scenes)} distinct scenes for {len(train.scenes)} images; {100 * shared:.1f}% of images share "
-          f"their scene; vocabulary {len(per_word)} words; rarest words {[(w, len(per_word[w])) for w in rare]}")
+    print(
+        f"train: {len(scenes)} distinct scenes for {len(train.scenes)} images; {100 * shared:.1f}% of images share "
+        f"their scene; vocabulary {len(per_word)} words; rarest words {[(w, len(per_word[w])) for w in rare]}"
+    )
 
     tf.keras.utils.set_random_seed(0)
     text, image = _text_encoder(64), _image_encoder(64, cfg.image_size)
@@ -119,8 +133,10 @@ def main() -> None:
             print(f"step {i} loss {float(loss):.3f}")
     train_s = time.perf_counter() - t0
     after = _recall(text, image, test)
-    print(f"stand-in t2i recall on test ({len(test.captions)} captions x {len(test.images)} images): "
-          f"untrained {before}, after {args.steps} steps ({train_s:.0f} s) {after}")
+    print(
+        f"stand-in t2i recall on test ({len(test.captions)} captions x {len(test.images)} images): "
+        f"untrained {before}, after {args.steps} steps ({train_s:.0f} s) {after}"
+    )
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ learns to ignore the nuisance retrieves well.
 Both are pure functions of their seed. The generator lives here rather than in the library: nothing in
 ``ce_retrieval`` consumes flat labelled vectors, and its parameters are tuned to the harnesses' tests.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -33,10 +34,20 @@ class GaussianClasses:
     nuisance_scale: float = 2.0
 
     @classmethod
-    def draw(cls, num_classes: int, signal_dim: int = 8, nuisance_dim: int = 24, *, class_spread: float = 1.0,
-             noise: float = 0.6, nuisance_scale: float = 2.0, seed: int | np.random.Generator = 0,
-             dtype=np.float64) -> GaussianClasses:
-        """Draws the class means from ``seed`` (an int or a Generator, which is advanced) and keeps them as ``dtype``."""
+    def draw(
+        cls,
+        num_classes: int,
+        signal_dim: int = 8,
+        nuisance_dim: int = 24,
+        *,
+        class_spread: float = 1.0,
+        noise: float = 0.6,
+        nuisance_scale: float = 2.0,
+        seed: int | np.random.Generator = 0,
+        dtype=np.float64,
+    ) -> GaussianClasses:
+        """Draws the class means from ``seed`` (an int or a Generator, which is advanced) and keeps them as
+        ``dtype``."""
         rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
         means = (class_spread * rng.standard_normal((num_classes, signal_dim))).astype(dtype)
         return cls(means, noise=noise, nuisance_dim=nuisance_dim, nuisance_scale=nuisance_scale)
@@ -58,13 +69,28 @@ class GaussianClasses:
         return np.concatenate([signal, nuisance], axis=1)
 
 
-def make_labelled_data(num_classes: int = 40, per_class: int = 30, signal_dim: int = 8, nuisance_dim: int = 24,
-                       class_spread: float = 1.0, noise: float = 0.6, nuisance_scale: float = 2.5, seed: int = 0):
+def make_labelled_data(
+    num_classes: int = 40,
+    per_class: int = 30,
+    signal_dim: int = 8,
+    nuisance_dim: int = 24,
+    class_spread: float = 1.0,
+    noise: float = 0.6,
+    nuisance_scale: float = 2.5,
+    seed: int = 0,
+):
     """``(x [C·n, signal_dim + nuisance_dim] float32, y [C·n] int32)``, ``per_class`` samples of each class in
     class order, randomly rotated; see the module docstring."""
     rng = np.random.default_rng(seed)
-    classes = GaussianClasses.draw(num_classes, signal_dim, nuisance_dim, class_spread=class_spread, noise=noise,
-                                   nuisance_scale=nuisance_scale, seed=rng)
+    classes = GaussianClasses.draw(
+        num_classes,
+        signal_dim,
+        nuisance_dim,
+        class_spread=class_spread,
+        noise=noise,
+        nuisance_scale=nuisance_scale,
+        seed=rng,
+    )
     y = np.repeat(np.arange(num_classes), per_class)
     x = classes.sample(y, rng)
     rotation, _ = np.linalg.qr(rng.standard_normal((classes.dim,) * 2))

@@ -14,6 +14,7 @@ in seconds on CPU (formerly ``ce-retrieval losses``; same flags and output). The
     python benchmarks/toy_losses.py --loss SampledSoftmax CrossExampleSoftmax --steps 200 --seed 0
     python benchmarks/toy_losses.py --list
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,11 +56,20 @@ class ToyConfig:
 
 def make_classes(config: ToyConfig) -> GaussianClasses:
     """The class data of ``config`` (means drawn from ``config.seed``, kept in float32)."""
-    return GaussianClasses.draw(config.num_classes, config.signal_dim, config.nuisance_dim, noise=config.noise,
-                                nuisance_scale=config.nuisance_noise, seed=config.seed, dtype=np.float32)
+    return GaussianClasses.draw(
+        config.num_classes,
+        config.signal_dim,
+        config.nuisance_dim,
+        noise=config.noise,
+        nuisance_scale=config.nuisance_noise,
+        seed=config.seed,
+        dtype=np.float32,
+    )
 
 
-def training_batches(classes: GaussianClasses, batch_size: int, steps: int, rng: np.random.Generator) -> tf.data.Dataset:
+def training_batches(
+    classes: GaussianClasses, batch_size: int, steps: int, rng: np.random.Generator
+) -> tf.data.Dataset:
     """``steps`` batches of ``((queries, documents), relevance)``; relevance is ``[B, B]``."""
     labels = rng.integers(0, classes.num_classes, size=(steps, batch_size))
     queries = np.stack([classes.sample(row, rng) for row in labels]).astype(np.float32)
@@ -122,7 +132,10 @@ def train_and_evaluate(loss, config: ToyConfig | None = None, **overrides) -> di
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--loss", nargs="+", default=PAPER_LOSSES, metavar="NAME",
+        "--loss",
+        nargs="+",
+        default=PAPER_LOSSES,
+        metavar="NAME",
         help="loss class names (see --list); default: the paper's four",
     )
     parser.add_argument("--steps", type=int, default=150, help="training steps (batches)")

@@ -11,6 +11,7 @@ Configurations: ``tiny`` (ModelConfig.tiny) and ``paper`` (BERT-base + ResNet-50
 
 Numbers are wall-clock medians; compare ratios within one run (the CPU may be shared).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -129,7 +130,8 @@ def main(argv=None):
         r = measure(config, args.batch, args.steps, args.loss, args.jit)
         print(
             f"| {r['config']} | {r['batch']} | {r['step_s']:.3f} | {r['examples_per_s']:.1f} | "
-            f"{100 * r['preprocess_share']:.1f}% | {100 * r['towers_share']:.1f}% | {100 * r['gather_loss_share']:.2f}% |"
+            f"{100 * r['preprocess_share']:.1f}% | {100 * r['towers_share']:.1f}% | "
+            f"{100 * r['gather_loss_share']:.2f}% |"
         )
 
 

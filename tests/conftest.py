@@ -1,4 +1,5 @@
 """Shared test set-up: legacy Keras, quiet TensorFlow, deterministic seeds, a fresh Keras session per test."""
+
 import os
 
 os.environ["TF_USE_LEGACY_KERAS"] = "1"

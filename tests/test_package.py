@@ -1,4 +1,5 @@
 """The foundation: Keras mode, relevance from ids, the loss base-class contract and the CLI dispatcher."""
+
 import numpy as np
 import pytest
 import tensorflow as tf

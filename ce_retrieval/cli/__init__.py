@@ -5,6 +5,7 @@ exposes ``add_arguments(parser)`` and ``run(args) -> int`` and holds only argume
 the work is done by the library functions it calls. Modules are imported only when their command runs.
 ``python -m ce_retrieval.cli`` and the ``ce-retrieval`` console script both call :func:`main`.
 """
+
 from __future__ import annotations
 
 import argparse

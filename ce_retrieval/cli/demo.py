@@ -13,6 +13,7 @@ thresholds calibrated on the validation split actually achieve on the test split
                                 distributions, reliability, retrieval sheet) and calibration_side_by_side.png
     <workdir>/export/           text_encoder/<v>/, image_encoder/<v>/ SavedModels + index/<v>/ (ScaNN + manifest)
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,8 +31,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--params_override", action="append", default=[], help="config overrides (see `train`)")
     parser.add_argument("--retrain", action="store_true", help="train again even if workdir/model is complete")
     parser.add_argument("--queries", nargs="*", default=None, help="captions to search for (default: test captions)")
-    parser.add_argument("--baseline", default="SampledSoftmax",
-                        help="loss of the comparison model trained the same way ('none' skips it)")
+    parser.add_argument(
+        "--baseline",
+        default="SampledSoftmax",
+        help="loss of the comparison model trained the same way ('none' skips it)",
+    )
 
 
 def run(args) -> int:
@@ -67,23 +71,36 @@ def run(args) -> int:
     cfg, model = load_trained(model_dir)
 
     step = 3 if baseline else 2
-    _stage(step, stages, "evaluate", f"test split, {cfg.evaluation.distractors} distractors, "
-           f"thresholds calibrated on {cfg.evaluation.split} -> {eval_dir}")
+    _stage(
+        step,
+        stages,
+        "evaluate",
+        f"test split, {cfg.evaluation.distractors} distractors, "
+        f"thresholds calibrated on {cfg.evaluation.split} -> {eval_dir}",
+    )
     test = data.load_retrieval_split(cfg.data, "test")
     val = data.load_retrieval_split(cfg.data, cfg.evaluation.split)
     distractors = None
     if cfg.evaluation.distractors:
         from ce_retrieval.data.synthetic import distractor_images
 
-        distractors = distractor_images(cfg.evaluation.distractors, seed=cfg.data.seed + 7919, image_size=cfg.data.image_size)
+        distractors = distractor_images(
+            cfg.evaluation.distractors, seed=cfg.data.seed + 7919, image_size=cfg.data.image_size
+        )
     reports = {cfg.loss.name: (model, eval_dir)}
     if baseline:
         _, base_model = load_trained(os.path.join(workdir, "baseline", "model"))
         reports[baseline] = (base_model, os.path.join(eval_dir, "baseline"))
     for name, (m, out) in reports.items():
         reports[name] = evaluate_model(
-            m.text_encoder, m.image_encoder, test, distractor_images=distractors, output_dir=out, run_name=name,
-            config=configs.to_dict(cfg if name == cfg.loss.name else base_cfg), batch_size=cfg.evaluation.batch_size,
+            m.text_encoder,
+            m.image_encoder,
+            test,
+            distractor_images=distractors,
+            output_dir=out,
+            run_name=name,
+            config=configs.to_dict(cfg if name == cfg.loss.name else base_cfg),
+            batch_size=cfg.evaluation.batch_size,
             calibration_split=val,
         )
     report = reports[cfg.loss.name]
@@ -93,7 +110,9 @@ def run(args) -> int:
 
     _stage(step + 1, stages, "export", f"SavedModels for TF Serving -> {export_dir}")
     paths = export_encoders(
-        model.text_encoder, model.image_encoder, export_dir,
+        model.text_encoder,
+        model.image_encoder,
+        export_dir,
         metadata={"config": configs.to_dict(cfg), "checkpoint": getattr(model, "checkpoint_path", None)},
         logit_scale=float(cfg.model.logit_scale),
     )
@@ -103,12 +122,26 @@ def run(args) -> int:
     val_q, val_d, val_qids, val_dids = embed_split(model.text_encoder, model.image_encoder, val)
     calibration = global_pr_auc(val_q, val_d, val_qids, val_dids)
     gallery, gallery_ids = embed_strings(model.image_encoder, test.images), test.image_ids
-    manifest = build_index(gallery, gallery_ids, export_dir, version=paths.version, thresholds=calibration,
-                           queries=val_q, gallery_info={"split": "test"})
-    print(f"[demo] index: {manifest.get('num_items', len(gallery_ids))} images, "
-          f"thresholds {manifest.get('thresholds')}, ANN recall@10 {manifest.get('ann_recall_at_10')}")
+    manifest = build_index(
+        gallery,
+        gallery_ids,
+        export_dir,
+        version=paths.version,
+        thresholds=calibration,
+        queries=val_q,
+        gallery_info={"split": "test"},
+    )
+    print(
+        f"[demo] index: {manifest.get('num_items', len(gallery_ids))} images, "
+        f"thresholds {manifest.get('thresholds')}, ANN recall@10 {manifest.get('ann_recall_at_10')}"
+    )
 
-    _stage(step + 3, stages, "query", "the exported artefacts behind the HTTP retrieval service (POST /search on 127.0.0.1)")
+    _stage(
+        step + 3,
+        stages,
+        "query",
+        "the exported artefacts behind the HTTP retrieval service (POST /search on 127.0.0.1)",
+    )
     import httpx
 
     from ce_retrieval.serving.service import create_app, serve_in_thread
@@ -136,8 +169,10 @@ def run(args) -> int:
                 results = reply.json()["results"]
                 counts = [r["num_hits"] for r in results]
                 found = sum(truth.get(r["text"]) in {h["id"] for h in r["hits"]} for r in results)
-                print(f"  precision {level:g} (tau = {thresholds[level]:.3f}): images returned per query {counts}, "
-                      f"true image among them for {found} of {len(results)} queries")
+                print(
+                    f"  precision {level:g} (tau = {thresholds[level]:.3f}): images returned per query {counts}, "
+                    f"true image among them for {found} of {len(results)} queries"
+                )
         else:
             print("\n[demo] no precision level was reached on the validation split, so no calibrated threshold exists")
     print(f"\n[demo] done in {time.perf_counter() - t0:.0f} s. Artefacts under {workdir}")
@@ -169,19 +204,27 @@ def side_by_side(reports: dict, models: dict, test, eval_dir: str) -> str:
     from ce_retrieval.evaluation.plots import plot_score_separation, pooled_pair_scores
 
     names = list(reports)
-    rows = [("global PR-AUC (%)", "pr_auc", True), ("text->image R@1 (%)", "t2i_r1", True),
-            ("text->image R@10 (%)", "t2i_r10", True), ("image->text R@1 (%)", "i2t_r1", True)]
-    rows += [(f"precision at the val threshold for {p:g} (%)", f"achieved_precision_{p:g}", True) for p in (0.5, 0.8, 0.9)]
+    rows = [
+        ("global PR-AUC (%)", "pr_auc", True),
+        ("text->image R@1 (%)", "t2i_r1", True),
+        ("text->image R@10 (%)", "t2i_r10", True),
+        ("image->text R@1 (%)", "i2t_r1", True),
+    ]
+    rows += [
+        (f"precision at the val threshold for {p:g} (%)", f"achieved_precision_{p:g}", True) for p in (0.5, 0.8, 0.9)
+    ]
     rows.insert(5, ("  recall at that threshold (%)", "achieved_recall_0.5", True))
-    rows += [("mean |achieved - promised| (points)", "mean_calibration_error", True),
-             ("relative spread of per-query thresholds", "relative_threshold_spread", False)]
+    rows += [
+        ("mean |achieved - promised| (points)", "mean_calibration_error", True),
+        ("relative spread of per-query thresholds", "relative_threshold_spread", False),
+    ]
     width = max(len(r[0]) for r in rows)
     print("\n[demo] calibration, side by side (test split; thresholds chosen on the validation split):")
     print("  " + " " * width + "".join(f"{n:>28s}" for n in names))
     for label, key, pct in rows:
         print("  " + label.ljust(width) + "".join(f"{_fmt(reports[n]['summary'].get(key), pct):>28s}" for n in names))
     for n in names:
-        transfer = (reports[n]["metrics"].get("transfer") or {})
+        transfer = reports[n]["metrics"].get("transfer") or {}
         levels = transfer.get("levels") or {}
         reached = sum(v is not None for v in levels.values())
         print(f"  {n}: {reached} of {len(levels)} precision levels (0.05 ... 0.95) reachable on validation")
@@ -191,10 +234,17 @@ def side_by_side(reports: dict, models: dict, test, eval_dir: str) -> str:
         pos, neg = pooled_pair_scores(q, d, qi, di)
         s = reports[n]["summary"]
         thr = (reports[n].get("calibration_split") or {}).get("threshold_at_precision") or {}
-        runs[n] = {"positives": pos, "negatives": neg, "thresholds": {k: thr.get(k) for k in ("0.5", "0.9")},
-                   "note": f"PR-AUC {_fmt(s['pr_auc'])}%, R@1 {_fmt(s['t2i_r1'])}%"}
-    path = plot_score_separation(runs, os.path.join(eval_dir, "calibration_side_by_side.png"),
-                                 title="Test split: every caption x image pair, relevant vs irrelevant")
+        runs[n] = {
+            "positives": pos,
+            "negatives": neg,
+            "thresholds": {k: thr.get(k) for k in ("0.5", "0.9")},
+            "note": f"PR-AUC {_fmt(s['pr_auc'])}%, R@1 {_fmt(s['t2i_r1'])}%",
+        }
+    path = plot_score_separation(
+        runs,
+        os.path.join(eval_dir, "calibration_side_by_side.png"),
+        title="Test split: every caption x image pair, relevant vs irrelevant",
+    )
     print(f"[demo] side-by-side plot: {path}")
     return path
 
@@ -209,10 +259,18 @@ def _sample_captions(split, n: int, seed: int) -> list[str]:
 
 def _print_metrics(report: dict) -> None:
     m = report["summary"]
-    print(f"[demo] threshold relevancy: global PR-AUC {m['pr_auc']:.4f}, AP {m['average_precision']:.4f}, best F1 {m['best_f1']:.4f}")
-    print(f"[demo] top-k relevancy: text->image R@1/5/10 {m['t2i_r1']:.3f}/{m['t2i_r5']:.3f}/{m['t2i_r10']:.3f}, "
-          f"image->text R@1/5/10 {m['i2t_r1']:.3f}/{m['i2t_r5']:.3f}/{m['i2t_r10']:.3f}, rsum {m['rsum']:.3f}")
+    print(
+        f"[demo] threshold relevancy: global PR-AUC {m['pr_auc']:.4f}, AP {m['average_precision']:.4f}, "
+        f"best F1 {m['best_f1']:.4f}"
+    )
+    print(
+        f"[demo] top-k relevancy: text->image R@1/5/10 {m['t2i_r1']:.3f}/{m['t2i_r5']:.3f}/{m['t2i_r10']:.3f}, "
+        f"image->text R@1/5/10 {m['i2t_r1']:.3f}/{m['i2t_r5']:.3f}/{m['i2t_r10']:.3f}, rsum {m['rsum']:.3f}"
+    )
     if "dis_t2i_r1" in m:
-        print(f"[demo] with {report['num_distractors']} distractors: R@1/5/10/100 {m['dis_t2i_r1']:.3f}/{m['dis_t2i_r5']:.3f}/"
-              f"{m['dis_t2i_r10']:.3f}/{m['dis_t2i_r100']:.3f}")
+        print(
+            f"[demo] with {report['num_distractors']} distractors: "
+            f"R@1/5/10/100 {m['dis_t2i_r1']:.3f}/{m['dis_t2i_r5']:.3f}/"
+            f"{m['dis_t2i_r10']:.3f}/{m['dis_t2i_r100']:.3f}"
+        )
     print(f"[demo] plots: {', '.join(report['files'].values())}")

@@ -11,6 +11,7 @@ and are imported only when the command runs.
 precision they achieve on ``--split`` (``metrics.transfer``, ``reliability_<split>.png``). The default is ``val``
 when another split is evaluated (skipped with a warning if the dataset has no such split); ``none`` turns it off.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,15 +25,24 @@ def add_arguments(parser) -> None:
     parser.add_argument("--model_dir", required=True, help="a training model_dir (config.yaml, checkpoints/)")
     parser.add_argument("--split", default="test", help="dataset split to evaluate (default: test)")
     parser.add_argument("--distractors", type=int, default=0, help="number of distractor images added to the gallery")
-    parser.add_argument("--output_dir", default=None, help="where eval_<split>.json and the plots go (default: <model_dir>/eval)")
-    parser.add_argument("--run_name", default=None, help="groups seeds in `ce-retrieval report` (default: the model_dir name)")
+    parser.add_argument(
+        "--output_dir", default=None, help="where eval_<split>.json and the plots go (default: <model_dir>/eval)"
+    )
+    parser.add_argument(
+        "--run_name", default=None, help="groups seeds in `ce-retrieval report` (default: the model_dir name)"
+    )
     parser.add_argument("--batch_size", type=int, default=256, help="embedding batch size")
     parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic distractor images")
     parser.add_argument("--no_plots", action="store_true", help="write the JSON only")
-    parser.add_argument("--ann", action="store_true", help="also report the Recall@K lost by a ScaNN index of the images")
-    parser.add_argument("--calibration_split", default=None,
-                        help="split whose calibrated thresholds are checked on --split (default: val unless --split is val; "
-                             "'none' turns it off)")
+    parser.add_argument(
+        "--ann", action="store_true", help="also report the Recall@K lost by a ScaNN index of the images"
+    )
+    parser.add_argument(
+        "--calibration_split",
+        default=None,
+        help="split whose calibrated thresholds are checked on --split (default: val unless --split is val; "
+        "'none' turns it off)",
+    )
 
 
 def _config_dict(cfg):
@@ -103,10 +113,14 @@ def run(args) -> int:
         f"R@1/5/10 {100 * s['t2i_r1']:.2f}/{100 * s['t2i_r5']:.2f}/{100 * s['t2i_r10']:.2f}  rsum {100 * s['rsum']:.1f}"
     )
     if calibration_split is not None:
-        achieved = "/".join("-" if s.get(f"achieved_precision_{c}") is None else f"{100 * s[f'achieved_precision_{c}']:.1f}"
-                            for c in ("0.5", "0.8", "0.9"))
+        achieved = "/".join(
+            "-" if s.get(f"achieved_precision_{c}") is None else f"{100 * s[f'achieved_precision_{c}']:.1f}"
+            for c in ("0.5", "0.8", "0.9")
+        )
         error = s.get("mean_calibration_error")
-        print(f"  thresholds calibrated on {calibration_split.name}: precision promised 50/80/90 -> achieved {achieved}  "
-              f"mean |error| {'-' if error is None else f'{100 * error:.2f}'} points")
+        print(
+            f"  thresholds calibrated on {calibration_split.name}: precision promised 50/80/90 -> achieved {achieved}  "
+            f"mean |error| {'-' if error is None else f'{100 * error:.2f}'} points"
+        )
     print(f"wrote {result['files'].get('json')}")
     return 0

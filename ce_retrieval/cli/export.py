@@ -1,5 +1,6 @@
 """``ce-retrieval export --model_dir D --export_dir E [--version V] [--no_verify]``: both towers of a trained
 model as TF Serving SavedModels (:func:`ce_retrieval.serving.export.export_encoders`)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,9 +25,15 @@ def run(args) -> int:
     cfg, model = load_trained(args.model_dir)
     config = dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else {}
     scale = getattr(model, "logit_scale", None)
-    paths = export_encoders(model.text_encoder, model.image_encoder, args.export_dir, args.version,
-                            metadata={"model_dir": os.path.abspath(args.model_dir), "config": config},
-                            logit_scale=None if scale is None else float(np.asarray(scale)), verify=not args.no_verify)
+    paths = export_encoders(
+        model.text_encoder,
+        model.image_encoder,
+        args.export_dir,
+        args.version,
+        metadata={"model_dir": os.path.abspath(args.model_dir), "config": config},
+        logit_scale=None if scale is None else float(np.asarray(scale)),
+        verify=not args.no_verify,
+    )
     print(f"exported version {paths.version}:\n  {paths.text_encoder}\n  {paths.image_encoder}")
     if paths.metadata["custom_ops"]:
         print("  custom ops a TF Serving build must link: " + ", ".join(paths.metadata["custom_ops"]))

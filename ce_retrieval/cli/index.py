@@ -5,6 +5,7 @@ export (:func:`ce_retrieval.serving.index.build_index`).
 file names become ids) or a TFRecord file pattern. The images are embedded with the exported image encoder;
 thresholds come from ``--thresholds_json`` or are calibrated on ``--calibration_split``.
 """
+
 from __future__ import annotations
 
 import glob
@@ -24,8 +25,10 @@ __all__ = ["add_arguments", "run"]
 def _embed_batches(signature, input_name: str, values: list, batch_size: int) -> np.ndarray:
     import tensorflow as tf
 
-    out = [signature(**{input_name: tf.constant(values[i:i + batch_size], dtype=tf.string)})["embedding"].numpy()
-           for i in range(0, len(values), batch_size)]
+    out = [
+        signature(**{input_name: tf.constant(values[i : i + batch_size], dtype=tf.string)})["embedding"].numpy()
+        for i in range(0, len(values), batch_size)
+    ]
     return np.concatenate(out, axis=0)
 
 
@@ -66,15 +69,26 @@ def _data_config(meta: dict):
 
 def add_arguments(parser) -> None:
     parser.add_argument("--export_dir", required=True)
-    parser.add_argument("--images", required=True,
-                        help="gallery: a split name of the export's data config (e.g. test), a folder of "
-                             ".jpg/.png files (integer file names become ids) or a TFRecord file pattern")
+    parser.add_argument(
+        "--images",
+        required=True,
+        help="gallery: a split name of the export's data config (e.g. test), a folder of "
+        ".jpg/.png files (integer file names become ids) or a TFRecord file pattern",
+    )
     parser.add_argument("--version", type=int, default=None, help="export version (default: newest complete)")
-    parser.add_argument("--calibration_split", default=None,
-                        help="split used to calibrate thresholds (global PR) and measure ANN recall, e.g. val")
-    parser.add_argument("--thresholds_json", default=None,
-                        help="JSON file with threshold_at_precision (e.g. an evaluation report) instead of calibrating")
-    parser.add_argument("--distractors", type=int, default=0, help="add N synthetic distractor images (ids -1, -2, ...)")
+    parser.add_argument(
+        "--calibration_split",
+        default=None,
+        help="split used to calibrate thresholds (global PR) and measure ANN recall, e.g. val",
+    )
+    parser.add_argument(
+        "--thresholds_json",
+        default=None,
+        help="JSON file with threshold_at_precision (e.g. an evaluation report) instead of calibrating",
+    )
+    parser.add_argument(
+        "--distractors", type=int, default=0, help="add N synthetic distractor images (ids -1, -2, ...)"
+    )
     parser.add_argument("--target_recall", type=float, default=0.95)
     parser.add_argument("--brute_force_below", type=int, default=BRUTE_FORCE_BELOW)
     parser.add_argument("--num_leaves", type=int, default=None)
@@ -109,7 +123,9 @@ def run(args) -> int:
         from ce_retrieval.data.synthetic import distractor_images
 
         cfg = _data_config(meta)
-        extra = distractor_images(args.distractors, seed=getattr(cfg, "seed", 0) + 7919, image_size=getattr(cfg, "image_size", 64))
+        extra = distractor_images(
+            args.distractors, seed=getattr(cfg, "seed", 0) + 7919, image_size=getattr(cfg, "image_size", 64)
+        )
         images = list(images) + list(extra)
         ids = np.concatenate([np.asarray(ids, dtype=np.int64), -np.arange(1, len(extra) + 1)])
         info["distractors"] = len(extra)
@@ -134,11 +150,23 @@ def run(args) -> int:
             thresholds = global_pr_auc(queries, cal_docs, cal.caption_ids, cal.image_ids)["threshold_at_precision"]
         info["calibration_split"] = args.calibration_split
     params = IndexParams(num_leaves=args.num_leaves, leaves_to_search=args.leaves_to_search)
-    manifest = build_index(embeddings, ids, export_dir, version, thresholds=thresholds, queries=queries,
-                           target_recall=args.target_recall, brute_force_below=args.brute_force_below,
-                           params=params, overwrite=args.overwrite, gallery_info=info)
+    manifest = build_index(
+        embeddings,
+        ids,
+        export_dir,
+        version,
+        thresholds=thresholds,
+        queries=queries,
+        target_recall=args.target_recall,
+        brute_force_below=args.brute_force_below,
+        params=params,
+        overwrite=args.overwrite,
+        gallery_info=info,
+    )
     ann = manifest["ann"]
-    print(f"index version {version}: {manifest['num_items']} items, {manifest['kind']}, "
-          f"recall@10 {ann['recall_at_10']:.4f} (target {ann['target']}), built in {manifest['build_seconds']} s")
+    print(
+        f"index version {version}: {manifest['num_items']} items, {manifest['kind']}, "
+        f"recall@10 {ann['recall_at_10']:.4f} (target {ann['target']}), built in {manifest['build_seconds']} s"
+    )
     print(f"thresholds (score at precision): {manifest['thresholds']['threshold_at_precision']}")
     return 0 if ann["meets_target"] else 1

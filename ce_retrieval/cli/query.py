@@ -1,5 +1,6 @@
 """``ce-retrieval query --export_dir E --text "..." [--k K | --threshold T | --precision P]``: text -> image search
 over the newest servable export version (:class:`ce_retrieval.serving.searcher.Searcher`), printed hit by hit."""
+
 from __future__ import annotations
 
 __all__ = ["add_arguments", "run"]
@@ -23,8 +24,10 @@ def run(args) -> int:
     k = args.k if args.k is not None or args.threshold is not None or args.precision is not None else 5
     results = searcher.search(args.text, k, threshold=args.threshold, precision=args.precision, limit=args.limit)
     tau = args.threshold if args.precision is None else searcher.threshold_for_precision(args.precision)
-    print(f"export version {searcher.version}, {len(searcher.index)} gallery items"
-          + (f", threshold {tau:.4f}" if tau is not None else ""))
+    print(
+        f"export version {searcher.version}, {len(searcher.index)} gallery items"
+        + (f", threshold {tau:.4f}" if tau is not None else "")
+    )
     for text, res in zip(args.text, results, strict=True):
         print(f"{text!r}: {len(res.ids)} hit(s){' (truncated)' if res.truncated else ''}")
         for rank, (i, s, p) in enumerate(zip(res.ids, res.scores, res.precision_levels, strict=True), 1):

@@ -1,6 +1,7 @@
 """``ce-retrieval report a.json b.json ... [--markdown M] [--plot P] [--reliability R]``: evaluation JSONs side
 by side in the layout of the paper's Table 1 (the table, its columns and the plots are
 :mod:`ce_retrieval.evaluation.report`'s)."""
+
 from __future__ import annotations
 
 import sys
@@ -12,8 +13,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("files", nargs="+", help="eval_<split>.json files written by `ce-retrieval evaluate`")
     parser.add_argument("--markdown", default=None, help="also write the table as Markdown to this file")
     parser.add_argument("--plot", default=None, help="also write the PR curves of all runs to this PNG")
-    parser.add_argument("--reliability", default=None,
-                        help="also write promised vs achieved precision of all runs (calibration transfer) to this PNG")
+    parser.add_argument(
+        "--reliability",
+        default=None,
+        help="also write promised vs achieved precision of all runs (calibration transfer) to this PNG",
+    )
 
 
 def run(args) -> int:

@@ -1,5 +1,6 @@
 """``ce-retrieval serve --export_dir E [--host H] [--port P] ...``: the HTTP JSON retrieval service
 (:func:`ce_retrieval.serving.service.create_app`) run by uvicorn until interrupted."""
+
 from __future__ import annotations
 
 import logging
@@ -11,7 +12,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--export_dir", required=True)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080)
-    parser.add_argument("--reload_interval", type=float, default=10.0, help="seconds between checks for a new version (0: off)")
+    parser.add_argument(
+        "--reload_interval", type=float, default=10.0, help="seconds between checks for a new version (0: off)"
+    )
     parser.add_argument("--timeout", type=float, default=5.0, help="per-request search deadline in seconds")
     parser.add_argument("--max_texts", type=int, default=64)
     parser.add_argument("--max_k", type=int, default=1000)
@@ -26,8 +29,15 @@ def run(args) -> int:
     from ce_retrieval.serving.service import create_app
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app = create_app(args.export_dir, max_texts=args.max_texts, max_k=args.max_k, max_results=args.max_results,
-                     max_body_bytes=args.max_body_bytes, timeout_s=args.timeout, reload_interval_s=args.reload_interval,
-                     max_concurrency=args.max_concurrency)
+    app = create_app(
+        args.export_dir,
+        max_texts=args.max_texts,
+        max_k=args.max_k,
+        max_results=args.max_results,
+        max_body_bytes=args.max_body_bytes,
+        timeout_s=args.timeout,
+        reload_interval_s=args.reload_interval,
+        max_concurrency=args.max_concurrency,
+    )
     uvicorn.run(app, host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=30)
     return 0

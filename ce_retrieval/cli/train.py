@@ -3,6 +3,7 @@
 Running the same command again on the same ``model_dir`` resumes an interrupted run (BackupAndRestore). The
 training itself is :func:`ce_retrieval.training.train`; :func:`resolve_config` maps a built-in config name
 (a file in the project's ``configs/`` folder) to its path and is shared with the ``demo`` command."""
+
 from __future__ import annotations
 
 import os
@@ -22,7 +23,9 @@ def resolve_config(name_or_path: str) -> str:
         path = os.path.join(CONFIG_DIR, candidate)
         if os.path.exists(path):
             return path
-    available = sorted(f[:-5] for f in os.listdir(CONFIG_DIR) if f.endswith(".yaml")) if os.path.isdir(CONFIG_DIR) else []
+    available = (
+        sorted(f[:-5] for f in os.listdir(CONFIG_DIR) if f.endswith(".yaml")) if os.path.isdir(CONFIG_DIR) else []
+    )
     raise FileNotFoundError(f"config {name_or_path!r} not found (built-in configs: {', '.join(available)})")
 
 
@@ -42,5 +45,8 @@ def run(args) -> int:
 
     cfg = configs.load_experiment(resolve_config(args.config), args.params_override)
     summary = train(cfg, args.model_dir)
-    print(f"[train] done: {summary['steps']} steps in {summary['seconds']:.1f} s; model_dir {os.path.abspath(args.model_dir)}")
+    print(
+        f"[train] done: {summary['steps']} steps in {summary['seconds']:.1f} s; "
+        f"model_dir {os.path.abspath(args.model_dir)}"
+    )
     return 0

@@ -1,7 +1,17 @@
 """Typed experiment configs (dataclasses) with YAML files and ``--params_override``; see ``base.py``."""
+
 from ce_retrieval.configs.base import ConfigError, from_dict, load_yaml, merge, parse_override, save_yaml, to_dict
 
-__all__ = ["ConfigError", "from_dict", "load_experiment", "load_yaml", "merge", "parse_override", "save_yaml", "to_dict"]
+__all__ = [
+    "ConfigError",
+    "from_dict",
+    "load_experiment",
+    "load_yaml",
+    "merge",
+    "parse_override",
+    "save_yaml",
+    "to_dict",
+]
 
 
 def load_experiment(path: str, overrides: list[str] | None = None):

@@ -6,6 +6,7 @@ any field. Unknown keys are errors that name the full key path, values are coerc
 (``int``, ``float``, ``bool``, ``str``, ``Optional[...]``, ``list``/``tuple``, ``dict`` and nested dataclasses),
 and a wrong type is an error naming the key.
 """
+
 from __future__ import annotations
 
 import dataclasses

@@ -3,6 +3,7 @@
 YAML files in ``configs/`` fill it (``configs/synthetic_demo.yaml`` is the embedded default); see
 :mod:`ce_retrieval.configs.base` for the loading and override rules.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -37,6 +38,7 @@ class TrainConfig:
     tpu: str = ""  # TPU name/address for TPUStrategy ("" = local / from the environment)
     mixed_precision: str = "auto"  # auto: mixed_bfloat16 on TPU, mixed_float16 on GPU, float32 on CPU
     jit_compile: bool = False
+    on_bad_batch: str = "stop"  # a NaN/Inf loss or gradient, or no positive pair: stop (error naming the step) | skip
     seed: int = 0
     deterministic: bool = True  # tf.config.experimental.enable_op_determinism(): same seed, same model (slower on GPU)
     backup_every_steps: int = 50  # BackupAndRestore frequency (resume after a kill loses at most this many steps)
@@ -48,6 +50,8 @@ class TrainConfig:
     def __post_init__(self):
         if self.strategy not in STRATEGIES:
             raise ValueError(f"train.strategy must be one of {STRATEGIES}, got {self.strategy!r}")
+        if self.on_bad_batch not in ("stop", "skip"):
+            raise ValueError(f"train.on_bad_batch must be 'stop' or 'skip', got {self.on_bad_batch!r}")
         if self.mixed_precision not in PRECISIONS:
             raise ValueError(f"train.mixed_precision must be one of {PRECISIONS}, got {self.mixed_precision!r}")
         if self.batch_size < 2:

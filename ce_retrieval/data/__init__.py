@@ -1,4 +1,5 @@
 """Datasets: the embedded synthetic image-caption set and loaders for real formats (see ``schema.py``)."""
+
 from ce_retrieval.data.config import DataConfig, SplitPaths
 from ce_retrieval.data.export import export_synthetic
 from ce_retrieval.data.pipeline import (

@@ -10,6 +10,7 @@
 Every field is a str / int / float / bool / None or a nested dataclass of those, so the experiment config can
 be read from YAML with unknown keys rejected. Split-specific paths live in :class:`SplitPaths`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -92,7 +93,9 @@ class DataConfig:
         if self.captions_per_image < 1:
             raise ValueError(f"DataConfig.captions_per_image must be >= 1, got {self.captions_per_image}")
         if not 0.0 <= self.near_duplicate_fraction < 1.0:
-            raise ValueError(f"DataConfig.near_duplicate_fraction must be in [0, 1), got {self.near_duplicate_fraction}")
+            raise ValueError(
+                f"DataConfig.near_duplicate_fraction must be in [0, 1), got {self.near_duplicate_fraction}"
+            )
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

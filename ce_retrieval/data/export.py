@@ -5,6 +5,7 @@ is known, and gives users a template of each on-disk layout. :func:`export_synth
 :class:`DataConfig` that reads the written files back; loading it gives the same examples as the synthetic
 source (tested).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -39,17 +40,25 @@ def export_synthetic(cfg: DataConfig, out_dir: str, fmt: str = "karpathy", num_s
         raise ValueError(f"unknown export format {fmt!r}; expected one of {FORMATS}")
     os.makedirs(out_dir, exist_ok=True)
     splits = {s: synthetic.split_from_config(cfg, s) for s in SPLITS}
-    keep = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(DataConfig)
-            if f.name in ("skip_corrupt", "validate_images", "shuffle_buffer", "vocab_path", "vocab_size")}
+    keep = {
+        f.name: getattr(cfg, f.name)
+        for f in dataclasses.fields(DataConfig)
+        if f.name in ("skip_corrupt", "validate_images", "shuffle_buffer", "vocab_path", "vocab_size")
+    }
     if fmt == "karpathy":
         entries = []
         for split, data in splits.items():
             _write_images(data, os.path.join(out_dir, split))
             for image_id, captions in zip(data.image_ids.tolist(), data.captions, strict=True):
-                entries.append({
-                    "filepath": split, "filename": _image_name(image_id), "split": split, "imgid": image_id,
-                    "sentences": [{"raw": c, "tokens": c.split()} for c in captions],
-                })
+                entries.append(
+                    {
+                        "filepath": split,
+                        "filename": _image_name(image_id),
+                        "split": split,
+                        "imgid": image_id,
+                        "sentences": [{"raw": c, "tokens": c.split()} for c in captions],
+                    }
+                )
         index = os.path.join(out_dir, "dataset_synthetic.json")
         atomic_write_text(index, json.dumps({"dataset": "synthetic", "images": entries}))
         return DataConfig(name="karpathy", karpathy_json=index, image_root=out_dir, **keep)
@@ -58,15 +67,28 @@ def export_synthetic(cfg: DataConfig, out_dir: str, fmt: str = "karpathy", num_s
         for split, data in splits.items():
             _write_images(data, os.path.join(out_dir, "images"))
             paths[split] = os.path.join(out_dir, f"{split}.tsv")
-            atomic_write_text(paths[split], "".join(f"{c}\t{_image_name(image_id)}\n" for image_id, captions
-                                                    in zip(data.image_ids.tolist(), data.captions, strict=True)
-                                                    for c in captions))
-        return DataConfig(name="cc_tsv", tsv_path=SplitPaths(**paths), tsv_image_root=os.path.join(out_dir, "images"),
-                          tsv_image_id="hash", **keep)
+            atomic_write_text(
+                paths[split],
+                "".join(
+                    f"{c}\t{_image_name(image_id)}\n"
+                    for image_id, captions in zip(data.image_ids.tolist(), data.captions, strict=True)
+                    for c in captions
+                ),
+            )
+        return DataConfig(
+            name="cc_tsv",
+            tsv_path=SplitPaths(**paths),
+            tsv_image_root=os.path.join(out_dir, "images"),
+            tsv_image_id="hash",
+            **keep,
+        )
     patterns = {}
     for split, data in splits.items():
-        examples = ({CAPTION: c, IMAGE: data.images[i], IMAGE_ID: data.image_ids[i]}
-                    for i, caps in enumerate(data.captions) for c in caps)
+        examples = (
+            {CAPTION: c, IMAGE: data.images[i], IMAGE_ID: data.image_ids[i]}
+            for i, caps in enumerate(data.captions)
+            for c in caps
+        )
         write_tfrecords(examples, os.path.join(out_dir, split), num_shards=num_shards, validate=False)
         patterns[split] = os.path.join(out_dir, f"{split}-*-of-*")
     return DataConfig(name="tfrecord", tfrecord_pattern=SplitPaths(**patterns), **keep)

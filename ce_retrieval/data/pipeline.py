@@ -4,6 +4,7 @@
 ``train_pipeline`` shuffles (seeded), repeats, batches with ``drop_remainder=True`` and prefetches. Two captions
 of one image may share a batch; the relevance matrix is built from ``image_id``, so they count as positives.
 """
+
 from __future__ import annotations
 
 import os
@@ -30,7 +31,11 @@ def _indexed_dataset(captions, caption_image_index, images, image_ids) -> tf.dat
         (tf.constant(captions, tf.string), tf.constant(np.asarray(caption_image_index, np.int64), tf.int64))
     )
     return base.map(
-        lambda caption, index: {CAPTION: caption, IMAGE: tf.gather(image_table, index), IMAGE_ID: tf.gather(id_table, index)},
+        lambda caption, index: {
+            CAPTION: caption,
+            IMAGE: tf.gather(image_table, index),
+            IMAGE_ID: tf.gather(id_table, index),
+        },
         num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=True,
     )

@@ -17,6 +17,7 @@ The source is read once and held in memory (like ``dataset.cache()``): elements 
 shapes (scalars such as encoded image bytes and captions, ids, fixed-size features). Decode and augment
 *after* sampling (``pk_sample(...).map(decode)``), which is also where that work belongs.
 """
+
 from __future__ import annotations
 
 import random

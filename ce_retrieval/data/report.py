@@ -4,6 +4,7 @@ With ``skip_corrupt=True`` a bad caption row (empty, not UTF-8, wrong column cou
 file, undecodable bytes) is counted and skipped; with ``skip_corrupt=False`` the first one raises
 :class:`DataError` naming the file and row. Either way the counts are logged when a scan finishes.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -56,8 +57,15 @@ class LoadReport:
         logger.log(
             level,
             "%s [%s]: %d rows, %d examples, %d images kept; skipped %d bad rows, %d missing and %d corrupt images%s",
-            self.source, self.split, self.rows, self.examples, self.images, self.bad_rows, self.missing_images,
-            self.corrupt_images, (": " + "; ".join(self.problems[:3])) if self.problems else "",
+            self.source,
+            self.split,
+            self.rows,
+            self.examples,
+            self.images,
+            self.bad_rows,
+            self.missing_images,
+            self.corrupt_images,
+            (": " + "; ".join(self.problems[:3])) if self.problems else "",
         )
 
 

@@ -8,6 +8,7 @@ Training examples (``tf.data`` elements) are dicts of scalars, batched by the in
 
 Evaluation works on a whole split at once, with unique images and all their captions (:class:`RetrievalSplit`).
 """
+
 from __future__ import annotations
 
 import dataclasses

@@ -13,6 +13,7 @@ The JSON/TSV loaders scan the index once per split (memoised per config fingerpr
 (with ``validate_images``) decode every distinct image file once in a thread pool, then stream files with
 ``tf.io.read_file``. Skipped rows are counted in a :class:`LoadReport` (see :func:`load_report`).
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -79,8 +80,9 @@ class _SplitBuilder:
         paths = list(dict.fromkeys(path for path, _ in self.documents))
         workers = min(32, (os.cpu_count() or 1) + 4)
         with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-            problems = dict(zip(paths, pool.map(lambda p: _file_problem(p, self.cfg.validate_images), paths),
-                                strict=True))
+            problems = dict(
+                zip(paths, pool.map(lambda p: _file_problem(p, self.cfg.validate_images), paths), strict=True)
+            )
         reported: set[str] = set()
         index: dict[tuple[str, int], int] = {}
         for document, where in self.documents.items():  # first-appearance order: deterministic errors
@@ -239,21 +241,30 @@ def load_retrieval_split(cfg: DataConfig, split: str) -> RetrievalSplit:
         )
         _TFRECORD_REPORTS[(cfg.fingerprint(), split)] = report
         image_ids = np.asarray(sorted(images), np.int64)
-        return RetrievalSplit(captions, caption_ids, [images[i] for i in image_ids.tolist()], image_ids,
-                              name=f"tfrecord/{split}")
+        return RetrievalSplit(
+            captions, caption_ids, [images[i] for i in image_ids.tolist()], image_ids, name=f"tfrecord/{split}"
+        )
     scanned = scan(cfg, split)
     images = []
     for path in scanned.image_paths:
         with open(path, "rb") as f:
             images.append(f.read())
-    return RetrievalSplit(list(scanned.captions), scanned.image_ids[scanned.caption_image_index], images,
-                          scanned.image_ids, name=f"{cfg.name}/{split}")
+    return RetrievalSplit(
+        list(scanned.captions),
+        scanned.image_ids[scanned.caption_image_index],
+        images,
+        scanned.image_ids,
+        name=f"{cfg.name}/{split}",
+    )
 
 
 def training_captions(cfg: DataConfig) -> list[str]:
     if cfg.name == "tfrecord":
-        return [c.decode("utf-8") for _, _, c, _, _ in tfrecords.iterate_records(cfg.tfrecord_pattern.get("train"))
-                if c is not None and caption_problem(c) is None]
+        return [
+            c.decode("utf-8")
+            for _, _, c, _, _ in tfrecords.iterate_records(cfg.tfrecord_pattern.get("train"))
+            if c is not None and caption_problem(c) is None
+        ]
     return list(scan(cfg, "train").captions)
 
 
@@ -263,7 +274,10 @@ def load_report(cfg: DataConfig, split: str) -> LoadReport:
         key = (cfg.fingerprint(), split)
         if key not in _TFRECORD_REPORTS:
             _TFRECORD_REPORTS[key] = tfrecords.scan_tfrecords(
-                cfg.tfrecord_pattern.get(split), split=split, skip_corrupt=cfg.skip_corrupt,
-                validate=cfg.validate_images)[0]
+                cfg.tfrecord_pattern.get(split),
+                split=split,
+                skip_corrupt=cfg.skip_corrupt,
+                validate=cfg.validate_images,
+            )[0]
         return _TFRECORD_REPORTS[key]
     return scan(cfg, split).report

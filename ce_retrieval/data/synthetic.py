@@ -18,6 +18,7 @@ identical bytes. Splits draw from independent seed streams (``SeedSequence([seed
 are ``split_offset + index`` so ids never collide across splits. :func:`distractor_images` draws scenes from a
 disjoint shape set (hexagons, rings, pentagons, bow ties) that no caption describes.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -240,7 +241,20 @@ def _polygon(shape: str, cx: float, cy: float, r: float, angle: float) -> list[t
         k, offset, radii = 5, -np.pi / 2, [r]
     elif shape == "cross":
         w = 0.36 * r
-        pts = [(-w, -r), (w, -r), (w, -w), (r, -w), (r, w), (w, w), (w, r), (-w, r), (-w, w), (-r, w), (-r, -w), (-w, -w)]
+        pts = [
+            (-w, -r),
+            (w, -r),
+            (w, -w),
+            (r, -w),
+            (r, w),
+            (w, w),
+            (w, r),
+            (-w, r),
+            (-w, w),
+            (-r, w),
+            (-r, -w),
+            (-w, -w),
+        ]
         return _rotate(pts, cx, cy, angle)
     elif shape == "bowtie":
         pts = [(-r, -0.8 * r), (0.0, -0.1 * r), (r, -0.8 * r), (r, 0.8 * r), (0.0, 0.1 * r), (-r, 0.8 * r)]
@@ -384,7 +398,9 @@ def split_from_config(cfg, split: str) -> SyntheticSplit:
     num = {"train": cfg.num_train_images, "val": cfg.num_val_images, "test": cfg.num_test_images}
     if split not in num:
         raise ValueError(f"unknown split {split!r}; expected one of {tuple(num)}")
-    return _cached_split(split, num[split], cfg.captions_per_image, cfg.image_size, cfg.seed, cfg.near_duplicate_fraction)
+    return _cached_split(
+        split, num[split], cfg.captions_per_image, cfg.image_size, cfg.seed, cfg.near_duplicate_fraction
+    )
 
 
 def distractor_images(n: int, seed: int = 0, image_size: int = 64) -> list[bytes]:

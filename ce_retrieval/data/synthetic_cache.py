@@ -6,6 +6,7 @@ TFRecord file ``{cache_dir}/synthetic-{fingerprint}/{split}.tfrecord`` with one 
 ``image`` (PNG bytes), ``image_id`` (int64), ``captions`` (bytes list). A cached split carries the images,
 ids and captions; the generator metadata (scenes, drawn objects) exists only after a fresh generation.
 """
+
 from __future__ import annotations
 
 import os
@@ -47,8 +48,9 @@ def _read(path: str, split: str) -> synthetic.SyntheticSplit:
         ids.append(feats["image_id"].int64_list.value[0])
         captions.append([c.decode("utf-8") for c in feats["captions"].bytes_list.value])
     n = len(images)
-    return synthetic.SyntheticSplit(split, images, np.asarray(ids, np.int64), captions, scenes=[], objects=[],
-                                    duplicate_of=np.full(n, -1, np.int64))
+    return synthetic.SyntheticSplit(
+        split, images, np.asarray(ids, np.int64), captions, scenes=[], objects=[], duplicate_of=np.full(n, -1, np.int64)
+    )
 
 
 def load_or_generate(cfg, split: str) -> synthetic.SyntheticSplit:

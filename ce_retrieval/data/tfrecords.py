@@ -10,6 +10,7 @@ Shards are named ``{prefix}-{i:05d}-of-{n:05d}``; examples are dealt round-robin
 record once (caption UTF-8 and non-empty, image decodable) in a Python scan, then streams the shards with
 ``tf.data`` and drops the bad records by (shard, index), so its :class:`LoadReport` counts are exact.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -49,8 +50,9 @@ def serialize_example(caption, image, image_id) -> bytes:
     return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
 
 
-def write_tfrecords(examples: Iterable[dict] | tf.data.Dataset, path_pattern: str, num_shards: int = 1,
-                    validate: bool = True) -> list[str]:
+def write_tfrecords(
+    examples: Iterable[dict] | tf.data.Dataset, path_pattern: str, num_shards: int = 1, validate: bool = True
+) -> list[str]:
     """Write ``{"caption", "image", "image_id"}`` examples to ``num_shards`` shards named from ``path_pattern``
     (a path prefix). With ``validate`` a bad caption or image raises :class:`DataError`. Returns the shard paths."""
     if num_shards < 1:
@@ -140,8 +142,11 @@ def read_tfrecords(pattern: str, skip_corrupt: bool = True, validate: bool = Tru
             return tf.equal(table.lookup(tf.strings.join([path, tf.strings.as_string(index)], ":")), 0)
 
         dataset = dataset.filter(keep)
-    dataset = dataset.map(lambda _p, _i, r: tf.io.parse_single_example(r, FEATURE_SPEC),
-                          num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    dataset = dataset.map(
+        lambda _p, _i, r: tf.io.parse_single_example(r, FEATURE_SPEC),
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=True,
+    )
     return dataset, report
 
 
@@ -152,7 +157,9 @@ def read_all(pattern: str, skip_corrupt: bool = True, validate: bool = True, spl
     for path, index, caption, image, image_id in iterate_records(pattern):
         report.rows += 1
         if caption is None:
-            report.fail_or_count("bad_rows", f"{path} record {index}: record does not match the feature spec", skip_corrupt)
+            report.fail_or_count(
+                "bad_rows", f"{path} record {index}: record does not match the feature spec", skip_corrupt
+            )
             continue
         problem = caption_problem(caption)
         if problem:

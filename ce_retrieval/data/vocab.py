@@ -6,6 +6,7 @@ A vocabulary is a list of tokens, one per line; line number = token id. It start
 normalisation ``tensorflow_text.BertTokenizer(vocab, lower_case=True)`` applies (case folding, accent
 stripping, punctuation splitting), so a tokenizer built from the file sees exactly the words it was learned on.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -40,7 +41,7 @@ def build_vocab(corpus: Iterable[str] | tf.data.Dataset, vocab_size: int = 8000,
         learn_params={},
     )
     if list(vocab[: len(RESERVED_TOKENS)]) != list(RESERVED_TOKENS):
-        raise RuntimeError(f"special tokens were not placed first: {vocab[:len(RESERVED_TOKENS)]}")
+        raise RuntimeError(f"special tokens were not placed first: {vocab[: len(RESERVED_TOKENS)]}")
     return list(vocab)
 
 

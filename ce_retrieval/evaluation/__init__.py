@@ -7,6 +7,7 @@ spread), ``retrieval`` (Recall@K, distractors, ANN loss), ``search`` (exact chun
 and ``labelled_callback`` (Keras), ``plots``, ``report`` (tables of evaluation JSONs). The ``evaluate`` and
 ``report`` commands are in :mod:`ce_retrieval.cli`.
 """
+
 from ce_retrieval.evaluation.ann import ScannSearch
 from ce_retrieval.evaluation.calibration import global_pr_auc, threshold_for_precision
 from ce_retrieval.evaluation.callback import RetrievalEvaluationCallback

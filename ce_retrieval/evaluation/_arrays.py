@@ -4,6 +4,7 @@ Embeddings arrive as NumPy arrays or tensors (any float dtype, e.g. float16 from
 are scored as float32 dot products ``S = Q D^T``. Ids are rank-1 arrays; query i is relevant to document j iff
 ``query_ids[i] == doc_ids[j]`` (ids may repeat on either side).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -54,7 +55,8 @@ def check_pair(query_emb, doc_emb, query_ids, doc_ids):
 
 
 def positive_pairs(query_ids: np.ndarray, doc_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """All relevant pairs ``(i, j)`` with ``query_ids[i] == doc_ids[j]``, sorted by i (a sort-merge join, O(N + M + P))."""
+    """All relevant pairs ``(i, j)`` with ``query_ids[i] == doc_ids[j]``, sorted by i (a sort-merge join,
+    O(N + M + P))."""
     order = np.argsort(doc_ids, kind="stable")
     sorted_ids = doc_ids[order]
     start = np.searchsorted(sorted_ids, query_ids, side="left")

@@ -8,6 +8,7 @@ L2-normalised, so this is cosine similarity): a spherical k-means tree partition
 gallery size. ``ScannSearch(doc_emb)`` wraps it as a search function (``brute_force=True``: ScaNN's exact
 mode); ``ann_recall_loss(q, d, qi, di, ScannSearch(d))`` then reports what the index costs in Recall@K.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -55,10 +56,16 @@ def scann_builder(x: np.ndarray, p: IndexParams, num_neighbors: int = 10, brute_
     builder = scann_ops_pybind.builder(x, num_neighbors, "dot_product")
     if brute_force:
         return builder.score_brute_force()
-    return (builder.tree(num_leaves=p.num_leaves, num_leaves_to_search=p.leaves_to_search or max(1, p.num_leaves // 10),
-                         training_sample_size=p.training_sample_size, spherical=p.spherical_tree)
-            .score_ah(p.dims_per_block, anisotropic_quantization_threshold=p.anisotropic_quantization_threshold)
-            .reorder(p.reorder_num_neighbors))
+    return (
+        builder.tree(
+            num_leaves=p.num_leaves,
+            num_leaves_to_search=p.leaves_to_search or max(1, p.num_leaves // 10),
+            training_sample_size=p.training_sample_size,
+            spherical=p.spherical_tree,
+        )
+        .score_ah(p.dims_per_block, anisotropic_quantization_threshold=p.anisotropic_quantization_threshold)
+        .reorder(p.reorder_num_neighbors)
+    )
 
 
 def build_scann(x: np.ndarray, p: IndexParams, num_neighbors: int = 10, brute_force: bool = False):
@@ -86,8 +93,12 @@ class ScannSearch:
         self.doc_emb = as_embeddings(doc_emb, "doc_emb")
         m = len(self.doc_emb)
         self.max_k = int(max_k)
-        given = IndexParams(num_leaves=num_leaves or None, leaves_to_search=num_leaves_to_search or None,
-                            training_sample_size=min(m, int(training_sample_size)), reorder_num_neighbors=reorder or None)
+        given = IndexParams(
+            num_leaves=num_leaves or None,
+            leaves_to_search=num_leaves_to_search or None,
+            training_sample_size=min(m, int(training_sample_size)),
+            reorder_num_neighbors=reorder or None,
+        )
         self.params = default_params(m, given, num_neighbors=self.max_k)
         self.searcher = build_scann(self.doc_emb, self.params, min(self.max_k, m), brute_force=brute_force or m < 64)
 

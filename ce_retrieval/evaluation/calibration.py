@@ -27,6 +27,7 @@ the number of negatives scoring ``>= u_k`` and ``> u_k`` (the point just before 
 Memory is O(N + M + P + block + num_bins); time one matmul plus about ten vector passes per score, spread over
 ``num_threads`` threads while the next block is multiplied.
 """
+
 from __future__ import annotations
 
 import os
@@ -240,7 +241,8 @@ def global_pr_auc(
     ``best_f1`` (``threshold``, ``f1``, ``precision``, ``recall``, ``queries_top1_above``: share of queries whose
     top-scoring document clears the threshold, ``queries_top1_relevant_above``: ... and is relevant),
     ``precision_thresholds`` (``{"0.9": {...} or None}``), ``threshold_at_precision`` (the same thresholds, flat:
-    ``{"0.9": score or None}``, what ``ce_retrieval.serving`` stores in an index manifest) and ``curve`` (``recall``, ``precision``, ``threshold``
+    ``{"0.9": score or None}``, what ``ce_retrieval.serving`` stores in an index manifest) and ``curve``
+    (``recall``, ``precision``, ``threshold``
     lists, recall ascending, starting at the (0, 1) point scikit-learn adds).
     """
     q, d, qids, dids = check_pair(query_emb, doc_emb, query_ids, doc_ids)
@@ -258,7 +260,9 @@ def global_pr_auc(
     try:
         pos_scores, counts, top1_doc, top1_score = _two_passes(q, dt, rows, pos_rows, pos_cols, num_bins, threads, True)
     except _NotReproducible:  # this BLAS gives the narrow product other bits: use full blocks in pass 1 too
-        pos_scores, counts, top1_doc, top1_score = _two_passes(q, dt, rows, pos_rows, pos_cols, num_bins, threads, False)
+        pos_scores, counts, top1_doc, top1_score = _two_passes(
+            q, dt, rows, pos_rows, pos_cols, num_bins, threads, False
+        )
     u, pos_count = np.unique(pos_scores, return_counts=True)
     k_pos = len(u)
     # Every positive was counted as a score tied with its own u_k: remove them, leaving negatives only.
@@ -274,7 +278,14 @@ def global_pr_auc(
     pos_ge = num_pos - np.concatenate([[0], np.cumsum(pos_count)[:-1]])  # positives >= u_k
     pos_gt = pos_ge - pos_count
     desc = slice(None, None, -1)
-    thresholds, tp, fp, tp_prev, fp_prev, step = u[desc], pos_ge[desc], neg_ge[desc], pos_gt[desc], neg_gt[desc], pos_count[desc]
+    thresholds, tp, fp, tp_prev, fp_prev, step = (
+        u[desc],
+        pos_ge[desc],
+        neg_ge[desc],
+        pos_gt[desc],
+        neg_gt[desc],
+        pos_count[desc],
+    )
     precision = tp / (tp + fp)
     recall = tp / num_pos
     prev_total = tp_prev + fp_prev

@@ -14,6 +14,7 @@ and logs the precision they achieve on ``split`` (``achieved_precision_0.5/0.8/0
 ``mean_calibration_error``. Figures without a value (a level unreachable on the calibration split, nothing
 predicted, no score gap) are logged as NaN.
 """
+
 from __future__ import annotations
 
 import os
@@ -89,7 +90,9 @@ class RetrievalEvaluationCallback(tf.keras.callbacks.Callback):
             transfer = None
             if self.calibration_split is not None:
                 cq, cd, cqi, cdi = embed_split(text_encoder, image_encoder, self.calibration_split, self.batch_size)
-                thresholds = global_pr_auc(cq, cd, cqi, cdi, target_precisions=RELIABILITY_LEVELS)["threshold_at_precision"]
+                thresholds = global_pr_auc(cq, cd, cqi, cdi, target_precisions=RELIABILITY_LEVELS)[
+                    "threshold_at_precision"
+                ]
                 transfer = threshold_transfer(thresholds, q, d, qi, di)
             figures = calibration_summary(transfer, spread)
             keys = ["threshold_spread", "relative_threshold_spread"]

@@ -4,6 +4,7 @@ Each tower is a ``tf.keras.Model`` mapping a ``[B]`` batch of raw ``tf.string`` 
 bytes) to ``[B, d]`` embeddings; it runs in inference mode (``training=False``) inside one traced
 ``tf.function`` per tower and call, in batches of ``batch_size``, and the result is float32 NumPy.
 """
+
 from __future__ import annotations
 
 import weakref

@@ -15,6 +15,7 @@ run name) and the plots (``pr_curve_<split>.png``, ``score_distribution_<split>.
 ``retrieval_sheet_<split>.png``, with calibration thresholds ``reliability_<split>.png``). Recall and PR
 figures are fractions in [0, 1]; reports print percentages.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -115,7 +116,9 @@ def evaluate_embeddings(
     if calibration_thresholds is not None:
         metrics["transfer"] = threshold_transfer(calibration_thresholds, query_emb, doc_emb, query_ids, doc_ids)
     if distractor_emb is not None:
-        metrics["distractors"] = recall_with_distractors(query_emb, doc_emb, query_ids, doc_ids, distractor_emb, ks=distractor_ks)
+        metrics["distractors"] = recall_with_distractors(
+            query_emb, doc_emb, query_ids, doc_ids, distractor_emb, ks=distractor_ks
+        )
     if ann_search_fn is not None:
         metrics["ann"] = ann_recall_loss(query_emb, doc_emb, query_ids, doc_ids, ann_search_fn, ks=distractor_ks)
     return metrics
@@ -190,11 +193,19 @@ def evaluate_model(
     calibration_source = None
     if calibration_split is not None:
         t0 = time.perf_counter()
-        calibration_thresholds, calibration_source = _calibrate(text_encoder, image_encoder, calibration_split, batch_size)
+        calibration_thresholds, calibration_source = _calibrate(
+            text_encoder, image_encoder, calibration_split, batch_size
+        )
         calibration_source["same_as_evaluated"] = calibration_source["dataset_fingerprint"] == fingerprint
         seconds["calibrate"] = time.perf_counter() - t0
     metrics = evaluate_embeddings(
-        query_emb, doc_emb, query_ids, doc_ids, distractor_emb, ks=ks, distractor_ks=distractor_ks,
+        query_emb,
+        doc_emb,
+        query_ids,
+        doc_ids,
+        distractor_emb,
+        ks=ks,
+        distractor_ks=distractor_ks,
         ann_search_fn=None if ann_factory is None else ann_factory(doc_emb),
         calibration_thresholds=calibration_thresholds,
     )
@@ -220,8 +231,16 @@ def evaluate_model(
     if output_dir is not None:
         os.makedirs(output_dir, exist_ok=True)
         if plots:
-            result["files"] = _write_plots(split, query_emb, doc_emb, metrics, output_dir, run_name, num_plot_queries,
-                                           calibration_source["name"] if calibration_source else None)
+            result["files"] = _write_plots(
+                split,
+                query_emb,
+                doc_emb,
+                metrics,
+                output_dir,
+                run_name,
+                num_plot_queries,
+                calibration_source["name"] if calibration_source else None,
+            )
         path = os.path.join(output_dir, f"eval_{_file_tag(split.name)}.json")
         atomic_write_text(path, json.dumps(_jsonable(result), indent=1))
         result["files"]["json"] = path
@@ -243,7 +262,9 @@ def _calibrate(text_encoder, image_encoder, calibration_split, batch_size) -> tu
     }
 
 
-def _write_plots(split, query_emb, doc_emb, metrics, output_dir, run_name, num_plot_queries, calibration_name=None) -> dict:
+def _write_plots(
+    split, query_emb, doc_emb, metrics, output_dir, run_name, num_plot_queries, calibration_name=None
+) -> dict:
     from ce_retrieval.evaluation import plots
 
     cal = metrics["calibration"]
@@ -255,14 +276,24 @@ def _write_plots(split, query_emb, doc_emb, metrics, output_dir, run_name, num_p
             title=f"Global precision-recall, {split.name} ({cal['num_pairs']:,} pairs)",
         ),
         "score_distribution": plots.plot_score_distributions(
-            query_emb, doc_emb, os.path.join(output_dir, f"score_distribution_{_file_tag(split.name)}.png"),
-            num_queries=num_plot_queries, title=f"{run_name}: score distribution per query ({split.name})", threshold=threshold,
+            query_emb,
+            doc_emb,
+            os.path.join(output_dir, f"score_distribution_{_file_tag(split.name)}.png"),
+            num_queries=num_plot_queries,
+            title=f"{run_name}: score distribution per query ({split.name})",
+            threshold=threshold,
         ),
     }
     indices, scores = exact_search(query_emb, doc_emb, min(5, len(doc_emb)))
     files["retrieval_sheet"] = plots.plot_retrieval_sheet(
-        split.captions, split.caption_ids, split.images, split.image_ids, indices, scores,
-        os.path.join(output_dir, f"retrieval_sheet_{_file_tag(split.name)}.png"), threshold=threshold,
+        split.captions,
+        split.caption_ids,
+        split.images,
+        split.image_ids,
+        indices,
+        scores,
+        os.path.join(output_dir, f"retrieval_sheet_{_file_tag(split.name)}.png"),
+        threshold=threshold,
         title=f"{run_name}: lowest (top) and highest (bottom) scoring queries, {split.name}",
     )
     if metrics.get("transfer"):

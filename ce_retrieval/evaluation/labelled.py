@@ -19,13 +19,15 @@ Queries whose class has a single example have nothing to retrieve and are left o
 metrics (as pytorch-metric-learning's ``AccuracyCalculator`` does); ``num_queries`` says how many count.
 Memory is bounded: queries are processed in blocks of ``chunk_size`` rows (``O(chunk_size · N)``).
 """
+
 from __future__ import annotations
 
 import numpy as np
 
 
-def labelled_retrieval_metrics(embeddings, labels, ks=(1, 2, 4, 8), chunk_size: int = 1024,
-                               compute_nmi: bool = True, seed: int = 0) -> dict:
+def labelled_retrieval_metrics(
+    embeddings, labels, ks=(1, 2, 4, 8), chunk_size: int = 1024, compute_nmi: bool = True, seed: int = 0
+) -> dict:
     """All metrics of the module docstring as a flat dict of floats (``recall@k`` keys per ``k``)."""
     x = np.asarray(embeddings, dtype=np.float32)
     y = np.asarray(labels)

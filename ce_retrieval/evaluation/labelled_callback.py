@@ -7,6 +7,7 @@ takes the embedding model separately (a sub-model sharing the trained layers, e.
 ``logs`` as ``val_recall@1``, ``val_map@r``, ... so ``History``, ``EarlyStopping`` and ``ModelCheckpoint``
 can use them.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -18,8 +19,17 @@ from ce_retrieval.evaluation.labelled import labelled_retrieval_metrics
 class LabelledRetrievalCallback(tf.keras.callbacks.Callback):
     """Logs ``prefix + metric`` for ``embedding_model(x)`` against ``labels`` at the end of epochs."""
 
-    def __init__(self, embedding_model, x, labels, ks=(1, 2, 4, 8), every: int = 1, compute_nmi: bool = False,
-                 batch_size: int = 1024, prefix: str = "val_"):
+    def __init__(
+        self,
+        embedding_model,
+        x,
+        labels,
+        ks=(1, 2, 4, 8),
+        every: int = 1,
+        compute_nmi: bool = False,
+        batch_size: int = 1024,
+        prefix: str = "val_",
+    ):
         super().__init__()
         if every < 1:
             raise ValueError(f"LabelledRetrievalCallback: every must be >= 1, got {every}")

@@ -14,6 +14,7 @@
 * ``plot_retrieval_sheet`` -- Figure 5: sample queries with their top retrieved images and scores; ground truth
   ticked, results scoring at least the calibrated threshold outlined in blue.
 """
+
 from __future__ import annotations
 
 import io
@@ -45,8 +46,12 @@ _BLUE, _ORANGE, _GREEN = "#1f77b4", "#ff7f0e", "#2ca02c"
 def _save(fig, path: str) -> str:
     try:
         with atomic_path(path) as tmp:
-            fig.savefig(tmp, dpi=110, bbox_inches="tight",
-                        format=os.path.splitext(path)[1][1:] or plt.rcParams["savefig.format"])
+            fig.savefig(
+                tmp,
+                dpi=110,
+                bbox_inches="tight",
+                format=os.path.splitext(path)[1][1:] or plt.rcParams["savefig.format"],
+            )
     finally:
         plt.close(fig)
     return path
@@ -84,7 +89,9 @@ def score_histograms(query_emb, doc_emb, num_queries: int = 1000, num_bins: int 
         s = q[rows[r0 : r0 + chunk]] @ d.T
         b = np.clip(((s - lo) * (num_bins / (hi - lo))).astype(np.int64), 0, num_bins - 1)  # uniform bins
         offsets = np.arange(len(s))[:, None] * num_bins
-        counts[r0 : r0 + len(s)] = np.bincount((b + offsets).ravel(), minlength=len(s) * num_bins).reshape(len(s), num_bins)
+        counts[r0 : r0 + len(s)] = np.bincount((b + offsets).ravel(), minlength=len(s) * num_bins).reshape(
+            len(s), num_bins
+        )
     return edges, counts
 
 
@@ -119,7 +126,9 @@ def plot_score_distributions(
     return _save(fig, path)
 
 
-def plot_pr_curves(curves: dict, path: str, title: str = "Global precision-recall over all query x document pairs") -> str:
+def plot_pr_curves(
+    curves: dict, path: str, title: str = "Global precision-recall over all query x document pairs"
+) -> str:
     """Figure 4 (left). ``curves``: ``{label: {"recall": [...], "precision": [...], "pr_auc": float (optional)}}``
     or ``{label: [such dicts]}`` for several seeds of one run (drawn in one colour)."""
     if not curves:
@@ -131,8 +140,14 @@ def plot_pr_curves(curves: dict, path: str, title: str = "Global precision-recal
         aucs = [r["pr_auc"] for r in runs if r.get("pr_auc") is not None]
         name = f"{label} (AUC {100 * np.mean(aucs):.2f})" if aucs else str(label)
         for j, run in enumerate(runs):
-            ax.plot(run["recall"], run["precision"], color=colors[i % len(colors)], linewidth=1.5,
-                    alpha=1.0 if len(runs) == 1 else 0.6, label=name if j == 0 else None)
+            ax.plot(
+                run["recall"],
+                run["precision"],
+                color=colors[i % len(colors)],
+                linewidth=1.5,
+                alpha=1.0 if len(runs) == 1 else 0.6,
+                label=name if j == 0 else None,
+            )
     _finish_unit_square(ax, "recall", "precision", title, legend_loc="upper right")
     return _save(fig, path)
 
@@ -158,18 +173,31 @@ def plot_reliability(
         promised = np.asarray(curve["promised"], np.float64)
         achieved = np.asarray([np.nan if a is None else a for a in curve["achieved"]], np.float64)
         if len(promised) != len(achieved):
-            raise ValueError(f"plot_reliability: {label!r} has {len(promised)} promised but {len(achieved)} achieved values")
+            raise ValueError(
+                f"plot_reliability: {label!r} has {len(promised)} promised but {len(achieved)} achieved values"
+            )
         ok = ~np.isnan(achieved)
         color = colors[i % len(colors)]
-        name = f"{label} (mean |error| {np.mean(np.abs(achieved[ok] - promised[ok])):.3f})" if ok.any() else f"{label} (no points)"
+        name = (
+            f"{label} (mean |error| {np.mean(np.abs(achieved[ok] - promised[ok])):.3f})"
+            if ok.any()
+            else f"{label} (no points)"
+        )
         ax.plot(promised[ok], achieved[ok], color=color, marker="o", markersize=4, linewidth=1.5, label=name)
         if curve.get("std") is not None:
             std = np.asarray([np.nan if v is None else v for v in curve["std"]], np.float64)
             band = ok & ~np.isnan(std)
-            ax.fill_between(promised[band], (achieved - std)[band], (achieved + std)[band], color=color, alpha=0.2, linewidth=0)
+            ax.fill_between(
+                promised[band], (achieved - std)[band], (achieved + std)[band], color=color, alpha=0.2, linewidth=0
+            )
     ax.set_aspect("equal")
-    _finish_unit_square(ax, "promised precision (target of the calibrated threshold)", "achieved precision", title,
-                        legend_loc="upper left")
+    _finish_unit_square(
+        ax,
+        "promised precision (target of the calibrated threshold)",
+        "achieved precision",
+        title,
+        legend_loc="upper left",
+    )
     return _save(fig, path)
 
 
@@ -214,7 +242,9 @@ def plot_score_separation(runs: dict, path: str, title: str = "Scores of all rel
         styles = iter([":", "--", "-."])
         for level, t in sorted((run.get("thresholds") or {}).items(), key=lambda kv: float(kv[0])):
             if t is not None:
-                ax.axvline(t, color="k", linewidth=1, linestyle=next(styles, ":"), label=f"threshold for precision {level}")
+                ax.axvline(
+                    t, color="k", linewidth=1, linestyle=next(styles, ":"), label=f"threshold for precision {level}"
+                )
         ax.set_yscale("log")
         ax.set_xlabel("similarity score")
         ax.set_title(f"{label}" + (f"\n{run['note']}" if run.get("note") else ""), fontsize=10)
@@ -281,7 +311,9 @@ def plot_retrieval_sheet(
             relevant = j < len(doc_ids) and doc_ids[j] == query_ids[qi]
             above = threshold is not None and scores[qi, c] >= threshold
             label = f"{scores[qi, c]:.3f}" + ("  \u2713 GT" if relevant else "")
-            ax.set_title(label, fontsize=8, color=_GREEN if relevant else "black", fontweight="bold" if relevant else None)
+            ax.set_title(
+                label, fontsize=8, color=_GREEN if relevant else "black", fontweight="bold" if relevant else None
+            )
             for spine in ax.spines.values():
                 spine.set_edgecolor(_BLUE if above else "#cccccc")
                 spine.set_linewidth(4 if above else 1)

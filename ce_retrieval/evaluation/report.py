@@ -2,7 +2,8 @@
 
 Rows are runs (files sharing a ``run_name`` are seeds of one run: the cell shows mean ± sample standard
 deviation over them); columns are PR AUC, text->image Recall@1/5/10 on the test set, Recall@1/5/10/100 with
-distractors, and rsum (R@1/5/10 summed over both directions). Numbers are percentages, as in the paper. ``--markdown out.md`` writes the same table in
+distractors, and rsum (R@1/5/10 summed over both directions). Numbers are percentages, as in the paper.
+``--markdown out.md`` writes the same table in
 Markdown, ``--plot out.png`` the PR curves of all runs in one figure (paper Figure 4, left).
 
 Calibration columns follow: the precision achieved on the evaluated split by the thresholds calibrated on
@@ -13,6 +14,7 @@ all runs (mean over seeds, band = standard deviation). When runs named ``CrossEx
 ``SampledSoftmax`` are both present, "CE − SS" lines give their paired difference in PR AUC and R@1
 (:func:`paired_difference`: seeds paired by ``config.train.seed``, paired t-test).
 """
+
 from __future__ import annotations
 
 import json
@@ -52,7 +54,9 @@ def load_results(paths) -> list[dict]:
         except (OSError, json.JSONDecodeError) as exc:
             raise SystemExit(f"report: cannot read {path}: {exc}") from exc
         if "summary" not in doc:
-            raise SystemExit(f"report: {path} is not an evaluation JSON (no 'summary'); make it with `ce-retrieval evaluate`")
+            raise SystemExit(
+                f"report: {path} is not an evaluation JSON (no 'summary'); make it with `ce-retrieval evaluate`"
+            )
         doc.setdefault("run_name", path)
         doc["_path"] = str(path)
         results.append(doc)
@@ -104,14 +108,27 @@ def format_table(results: list[dict]) -> str:
     """The plain-text table (two header lines like the paper's Table 1), then any "CE − SS" comparison."""
     rows = _rows(group_runs(results))
     headers = ["Run", "n"] + [h for _, h in _COLUMNS]
-    widths = [max(len(headers[i]), *(len(r[0]) if i == 0 else len(r[1]) if i == 1 else len(r[2][i - 2]) for r in rows))
-              for i in range(len(headers))]
+    widths = [
+        max(len(headers[i]), *(len(r[0]) if i == 0 else len(r[1]) if i == 1 else len(r[2][i - 2]) for r in rows))
+        for i in range(len(headers))
+    ]
+
     def line(cells):
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
+        return "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        )
+
     def span(a, b):
         return sum(widths[a:b]) + 2 * (b - a - 1)
-    groups = [(0, 3, ""), (3, 6, "Recall on test set"), (6, 10, _distractor_title(results)), (10, 11, ""),
-              (11, 14, f"precision, {_calibration_name(results)} thresholds"), (14, len(widths), "")]
+
+    groups = [
+        (0, 3, ""),
+        (3, 6, "Recall on test set"),
+        (6, 10, _distractor_title(results)),
+        (10, 11, ""),
+        (11, 14, f"precision, {_calibration_name(results)} thresholds"),
+        (14, len(widths), ""),
+    ]
     top = "  ".join(title.center(span(a, b)) if title else " " * span(a, b) for a, b, title in groups)
     out = [top.rstrip(), line(headers), "-" * len(line(headers))]
     out += [line([name, n, *cells]) for name, n, cells in rows]
@@ -121,9 +138,11 @@ def format_table(results: list[dict]) -> str:
     if any(len(docs) > 1 for docs in group_runs(results).values()):
         notes.append("cells: mean ± sample standard deviation over the n files of a run")
     notes.append("numbers in %; recall is text->image; rsum = sum of R@1/5/10 in both directions")
-    notes.append(f"@50/80/90%: precision achieved here by the thresholds calibrated on {_calibration_name(results)} for "
-                 "that precision; cal.err: mean |achieved - promised| over all calibrated levels; rel.spread: "
-                 "(p95 - p5) of the per-query best thresholds / (mean positive - mean negative score), a ratio")
+    notes.append(
+        f"@50/80/90%: precision achieved here by the thresholds calibrated on {_calibration_name(results)} for "
+        "that precision; cal.err: mean |achieved - promised| over all calibrated levels; rel.spread: "
+        "(p95 - p5) of the per-query best thresholds / (mean positive - mean negative score), a ratio"
+    )
     return "\n".join(out + notes + format_paired(results))
 
 
@@ -131,15 +150,22 @@ def format_markdown(results: list[dict]) -> str:
     rows = _rows(group_runs(results))
     dis = _distractor_title(results)
     cal = _calibration_name(results)
-    headers = (["Run", "n", "PR AUC", "R@1", "R@5", "R@10"] + [f"R{h} dis." for _, h in _DIS] + ["rsum"]
-               + [f"Prec. {h} ({cal} thr.)" for _, h in _ACHIEVED] + ["Mean cal. err.", "Rel. thr. spread"])
+    headers = (
+        ["Run", "n", "PR AUC", "R@1", "R@5", "R@10"]
+        + [f"R{h} dis." for _, h in _DIS]
+        + ["rsum"]
+        + [f"Prec. {h} ({cal} thr.)" for _, h in _ACHIEVED]
+        + ["Mean cal. err.", "Rel. thr. spread"]
+    )
     out = ["| " + " | ".join(headers) + " |", "|" + "|".join(["---"] + ["---:"] * (len(headers) - 1)) + "|"]
     out += ["| " + " | ".join([name, n, *cells]) + " |" for name, n, cells in rows]
-    notes = (f"Numbers in %; recall is text->image; \"dis.\": {dis}; rsum = R@1/5/10 summed over both directions; "
-             "mean ± sample std over the n evaluation files of a run. "
-             f"Prec. @p%: precision achieved by the threshold calibrated on {cal} for precision p; mean cal. err.: "
-             "mean |achieved − promised| over all calibrated levels; rel. thr. spread: (p95 − p5) of the per-query "
-             "best-F1 thresholds over (mean positive − mean negative score), a ratio.")
+    notes = (
+        f'Numbers in %; recall is text->image; "dis.": {dis}; rsum = R@1/5/10 summed over both directions; '
+        "mean ± sample std over the n evaluation files of a run. "
+        f"Prec. @p%: precision achieved by the threshold calibrated on {cal} for precision p; mean cal. err.: "
+        "mean |achieved − promised| over all calibrated levels; rel. thr. spread: (p95 − p5) of the per-query "
+        "best-F1 thresholds over (mean positive − mean negative score), a ratio."
+    )
     paired = format_paired(results)
     return "\n".join(out) + "\n\n" + notes + "\n" + "".join(f"\n{p}\n" for p in paired)
 
@@ -178,8 +204,11 @@ def paired_difference(results: list[dict], a: str, b: str, key: str) -> dict:
             raise ValueError(f"paired_difference: no run named {name!r} (runs: {', '.join(groups)})")
     docs_a, docs_b = groups[a], groups[b]
     seeds_a, seeds_b = [_seed(d) for d in docs_a], [_seed(d) for d in docs_b]
-    by_seed = (None not in seeds_a + seeds_b and len(set(map(repr, seeds_a))) == len(seeds_a)
-               and len(set(map(repr, seeds_b))) == len(seeds_b))
+    by_seed = (
+        None not in seeds_a + seeds_b
+        and len(set(map(repr, seeds_a))) == len(seeds_a)
+        and len(set(map(repr, seeds_b))) == len(seeds_b)
+    )
     if by_seed:
         index_b = {repr(s): d for s, d in zip(seeds_b, docs_b, strict=True)}
         matched = [(s, da, index_b[repr(s)]) for s, da in zip(seeds_a, docs_a, strict=True) if repr(s) in index_b]
@@ -204,7 +233,7 @@ def paired_difference(results: list[dict], a: str, b: str, key: str) -> dict:
 
 
 def format_paired(results: list[dict]) -> list[str]:
-    """"CE − SS" lines (percentage points) when runs CrossExampleSoftmax and SampledSoftmax are both present."""
+    """ "CE − SS" lines (percentage points) when runs CrossExampleSoftmax and SampledSoftmax are both present."""
     a, b, label = _PAIRED
     groups = group_runs(results)
     if a not in groups or b not in groups:
@@ -217,8 +246,10 @@ def format_paired(results: list[dict]) -> list[str]:
             continue
         std = "" if d["std"] is None else f" ± {100 * d['std']:.2f}"
         p = "p n/a" if d["p_value"] is None else f"p = {d['p_value']:.3g}"
-        lines.append(f"{label} {name}: {100 * d['mean']:+.2f}{std} points "
-                     f"(n = {d['n']} paired by {d['paired_by']}, paired t-test {p})")
+        lines.append(
+            f"{label} {name}: {100 * d['mean']:+.2f}{std} points "
+            f"(n = {d['n']} paired by {d['paired_by']}, paired t-test {p})"
+        )
     return lines
 
 
@@ -258,10 +289,15 @@ def plot_report(results: list[dict], path: str) -> str:
         for d in docs:
             cal = d.get("metrics", {}).get("calibration") or {}
             if cal.get("curve"):
-                runs.append({"recall": cal["curve"]["recall"], "precision": cal["curve"]["precision"], "pr_auc": cal.get("pr_auc")})
+                runs.append(
+                    {
+                        "recall": cal["curve"]["recall"],
+                        "precision": cal["curve"]["precision"],
+                        "pr_auc": cal.get("pr_auc"),
+                    }
+                )
         if runs:
             curves[name] = runs
     if not curves:
         raise SystemExit("report: no PR curves in the given files")
     return plot_pr_curves(curves, path)
-

@@ -14,6 +14,7 @@ and their number is reported (``t2i_excluded``, ``i2t_excluded``).
 With distractors (paper Table 1, right) the gallery is the test images followed by extra images relevant to no
 caption; text->image R@1/5/10/100 is reported.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -121,7 +122,13 @@ def recall_with_distractors(
         search_fn = ExactSearch(np.concatenate([d, extra]), **kwargs)
     idx, _ = search_fn(q, min(max(ks), gallery_size))
     t2i, n_in, n_out = _direction(idx, qids, dids, ks)
-    return {"t2i": t2i, "t2i_queries": n_in, "t2i_excluded": n_out, "num_distractors": len(extra), "gallery_size": gallery_size}
+    return {
+        "t2i": t2i,
+        "t2i_queries": n_in,
+        "t2i_excluded": n_out,
+        "num_distractors": len(extra),
+        "gallery_size": gallery_size,
+    }
 
 
 def ann_recall_loss(query_emb, doc_emb, query_ids, doc_ids, search_fn, ks=(1, 5, 10, 100)) -> dict:

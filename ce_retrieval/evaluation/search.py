@@ -10,6 +10,7 @@ A *search function* is any callable ``search_fn(query_emb, k) -> (indices [N, k]
 fixed gallery (index -1 marks a missing result); ``ExactSearch(doc_emb)`` is the exact one and a ScaNN searcher
 (``ce_retrieval.evaluation.ann.ScannSearch``) is a drop-in replacement.
 """
+
 from __future__ import annotations
 
 import numpy as np

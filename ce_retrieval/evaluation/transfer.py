@@ -29,6 +29,7 @@ lowers F1), so per row block the rows are sorted once and each positive's ``#{ro
 
 Memory is O(N + M + P + block) for both; the default block is about 2M scores, as in ``global_pr_auc``.
 """
+
 from __future__ import annotations
 
 import math
@@ -48,7 +49,27 @@ __all__ = [
 ]
 
 # Promised precisions of the reliability diagram: 0.05, 0.10, ..., 0.95 (the standard 0.5 / 0.8 / 0.9 included).
-RELIABILITY_LEVELS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
+RELIABILITY_LEVELS = (
+    0.05,
+    0.1,
+    0.15,
+    0.2,
+    0.25,
+    0.3,
+    0.35,
+    0.4,
+    0.45,
+    0.5,
+    0.55,
+    0.6,
+    0.65,
+    0.7,
+    0.75,
+    0.8,
+    0.85,
+    0.9,
+    0.95,
+)
 # The levels reported as flat headline figures (``achieved_precision_0.9`` ...).
 SUMMARY_LEVELS = (0.5, 0.8, 0.9)
 
@@ -63,7 +84,9 @@ def _parse_levels(thresholds) -> list[tuple[str, float, float | None]]:
     Values may be scores or ``precision_thresholds`` entries (``{"threshold": ...}``); keys floats or strings.
     """
     if not isinstance(thresholds, dict):
-        raise TypeError(f"thresholds must be a dict {{precision level: score threshold or None}}, got {type(thresholds).__name__}")
+        raise TypeError(
+            f"thresholds must be a dict {{precision level: score threshold or None}}, got {type(thresholds).__name__}"
+        )
     levels = {}
     for key, value in thresholds.items():
         try:

@@ -7,6 +7,7 @@ package exports the public names only: the loss classes, the registry (``get``, 
 the module :mod:`ce_retrieval.losses.functional`. ``ce_retrieval.losses.get('cross_example_softmax')`` finds a
 class by any of its names (``registry.aliases``), including its default Keras ``name``.
 """
+
 from ce_retrieval.losses import functional, miners
 from ce_retrieval.losses.angular import AngularLoss
 from ce_retrieval.losses.base import RetrievalLoss

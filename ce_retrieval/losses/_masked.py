@@ -8,6 +8,7 @@ The reductions are written for XLA (no boolean indexing, no ragged shapes): mask
 neutral values with ``tf.where`` *before* any non-linear op, so neither the value nor the gradient sees them
 (no ``inf * 0`` NaNs).
 """
+
 from __future__ import annotations
 
 import tensorflow as tf

@@ -19,6 +19,7 @@ names say what ``S`` is and what distance a loss uses:
 All losses of the package convert with :func:`squared_distance` and :func:`distance` below. :func:`require_gram`
 is the check behind the ``needs_gram`` capability: ``S`` must be the Gram matrix ``X·Xᵀ`` of one embedding set.
 """
+
 from __future__ import annotations
 
 import tensorflow as tf

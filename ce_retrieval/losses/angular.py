@@ -29,6 +29,7 @@ memory). No [N, N, N] tensor either way. The shifts keep every factor <= 1; with
 Matches pytorch-metric-learning's ``AngularLoss(alpha)`` (mean over positive pairs).
 Functional core: :func:`angular` (``ce_retrieval.losses.functional.angular``, which checks the Gram matrix too).
 """
+
 from __future__ import annotations
 
 import math
@@ -46,12 +47,17 @@ def check_angular(alpha, with_npair, npair_weight, positive_slots, owner: str = 
         raise ValueError(f"{owner}: alpha is an angle in degrees in (0, 60], got {alpha}")
     if positive_slots < 0:
         raise ValueError(f"{owner}: positive_slots must be >= 0, got {positive_slots}")
-    return dict(alpha=float(alpha), with_npair=bool(with_npair), npair_weight=float(npair_weight),
-                positive_slots=int(positive_slots))
+    return dict(
+        alpha=float(alpha),
+        with_npair=bool(with_npair),
+        npair_weight=float(npair_weight),
+        positive_slots=int(positive_slots),
+    )
 
 
-def angular(relevance, scores, alpha: float = 40.0, with_npair: bool = False, npair_weight: float = 2.0,
-            positive_slots: int = 8):
+def angular(
+    relevance, scores, alpha: float = 40.0, with_npair: bool = False, npair_weight: float = 2.0, positive_slots: int = 8
+):
     """Angular loss (module docstring) on the Gram matrix ``S = E E^T`` (not checked here: the class and
     ``functional.angular`` validate it), mean over positive pairs."""
     options = check_angular(alpha, with_npair, npair_weight, positive_slots, owner="angular")
@@ -117,7 +123,12 @@ class AngularLoss(RetrievalLoss):
     needs_gram = True
 
     def __init__(
-        self, alpha: float = 40.0, with_npair: bool = False, npair_weight: float = 2.0, positive_slots: int = 8, **kwargs
+        self,
+        alpha: float = 40.0,
+        with_npair: bool = False,
+        npair_weight: float = 2.0,
+        positive_slots: int = 8,
+        **kwargs,
     ):
         options = check_angular(alpha, with_npair, npair_weight, positive_slots)
         super().__init__(**kwargs)

@@ -26,6 +26,7 @@ so returning ``L / R`` per replica gives exactly ``dL/dtheta`` after the all-red
 of the replicas' local losses. The reduction is therefore fixed to ``SUM`` (Keras must not rescale again);
 ``sample_weight`` is not supported (weight pairs through ``y_true`` instead).
 """
+
 from __future__ import annotations
 
 import inspect

@@ -12,6 +12,7 @@ mean over positive pairs only. No pytorch-metric-learning / TF-Similarity counte
 
 Each term reads one entry ``s_ij`` (``needs_gram`` is false). Functional core: :func:`binomial_deviance`.
 """
+
 from __future__ import annotations
 
 import tensorflow as tf

@@ -15,6 +15,7 @@ i.e. ``L_u / (N' N)``: the constant ``N' = 3(C−1)(N/C − 1)N/C`` only rescale
 Only row ``i`` (an example against every centroid) is read; the columns are centroids (``needs_proxies``), so
 no Gram matrix is needed (``needs_gram`` is false). Functional core: :func:`centroid_upper_bound`.
 """
+
 from __future__ import annotations
 
 import tensorflow as tf

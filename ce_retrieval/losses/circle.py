@@ -16,6 +16,7 @@ unless a row's loss underflows to exactly 0).
 
 Anchor ``i``'s terms are all in row ``i`` (``needs_gram`` is false). Functional core: :func:`circle`.
 """
+
 from __future__ import annotations
 
 import tensorflow as tf

@@ -15,6 +15,7 @@ its values differ from the paper's; tests compare against a NumPy transcription 
 
 Each term reads one entry ``s_ij`` (``needs_gram`` is false). Functional core: :func:`contrastive`.
 """
+
 from __future__ import annotations
 
 import tensorflow as tf

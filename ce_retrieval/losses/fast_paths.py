@@ -33,6 +33,7 @@ Conventions: ``k`` is clipped to ``[1, n]`` where ``n`` is the number of masked-
 ``axis=-1``); a slice with ``n == 0`` gives ``-inf`` and zero counts. Inputs must not contain NaN. float16
 and bfloat16 are widened to float32 exactly; float64 is rejected (keys would need 64 bits).
 """
+
 from __future__ import annotations
 
 import functools

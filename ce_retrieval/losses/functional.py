@@ -18,6 +18,7 @@ same function with the constructor's arguments), wrapped with the class's input 
 
 The hyper-parameters and their defaults are the classes' (see each family's module for the equations).
 """
+
 from __future__ import annotations
 
 import functools

@@ -73,6 +73,7 @@ all 10 others   new (not integrable): nca x {linear, sigmoid}, circle x {constan
                 ``*-ms`` pair weight (MS-style relative weights pooled over the other pairs of the batch)
 ==============  ===========================================================================================
 """
+
 from __future__ import annotations
 
 import tensorflow as tf
@@ -159,9 +160,7 @@ def goal_terms(
     pull = tf.where(row_ok, t_row * wp_row, zero) + tf.where(col_ok, t_col * wp_col, zero)
     push_row = tf.where(row_ok, t_row * wn_row, zero)  # goes to W[i, a(i)]
     push_col = tf.where(col_ok, t_col * wn_col, zero)  # goes to W[b(i), i]
-    indices = tf.concat(
-        [tf.stack([index, index], 1), tf.stack([index, a_row], 1), tf.stack([b_col, index], 1)], axis=0
-    )
+    indices = tf.concat([tf.stack([index, index], 1), tf.stack([index, a_row], 1), tf.stack([b_col, index], 1)], axis=0)
     updates = tf.concat([-pull, push_row, push_col], axis=0)
     value = tf.reduce_sum(tf.where(row_ok, n_row - p, zero)) + tf.reduce_sum(tf.where(col_ok, n_col - p, zero))
     return value, indices, updates, tf.reduce_sum(tf.cast(matched, tf.float32))
@@ -205,7 +204,8 @@ def _ms_positive_mean(sorted_p, p_min, p, matched, thresholds, linear, alpha):
 
     ``sorted_p`` holds the matched ``p_j`` ascending (+inf for non-pairs); the set of anchor ``k`` is
     ``{j != k matched: p_j <= thresholds[k]}``: a prefix of ``sorted_p`` (searchsorted) minus the anchor itself.
-    With ``u_j = e^{-a (p_j - p_min)}`` (in (0, 1], no overflow), ``Sum_j e^{a (p_k - p_j)} = e^{a (p_k - p_min)} Sum_j u_j``.
+    With ``u_j = e^{-a (p_j - p_min)}`` (in (0, 1], no overflow),
+    ``Sum_j e^{a (p_k - p_j)} = e^{a (p_k - p_min)} Sum_j u_j``.
     """
     p2 = tf.concat([p, p], 0)
     self_in = tf.cast(tf.concat([matched, matched], 0) & (p2 <= thresholds), tf.float32)
@@ -226,7 +226,8 @@ def _ms_negative_means(s, negative, n_row, row_ok, n_col, col_ok, floor, linear,
     """``r_n`` of every image anchor (over its row) and text anchor (over its column).
 
     The candidate set ``{R = 0, S >= min_k p_k - eps}`` is the same matrix for both directions, and the terms
-    factorise: ``n_i - S_ij`` gives ``n_i |set| - Sum S``, and ``e^{-b (n_i - S_ij)} = e^{b (c - n_i)} e^{b (S_ij - c)}``
+    factorise: ``n_i - S_ij`` gives ``n_i |set| - Sum S``, and
+    ``e^{-b (n_i - S_ij)} = e^{b (c - n_i)} e^{b (S_ij - c)}``
     with ``c`` the largest negative score (so every factor stays <= e^{2b} for cosines): one pass over S serves
     both directions. The mined negative itself (``j = a(i)``) is then removed from the set (its term is ``0``
     for linear-ms, ``1`` for sigmoid-ms), which drops exactly one of several tied maxima, as ``j != a(i)`` does.
@@ -365,7 +366,9 @@ def _check_options(triplet_weight, pair_weight, tau, ms_alpha, ms_beta):
 
 def _check_names(triplet_weight, pair_weight):
     if triplet_weight not in TRIPLET_WEIGHTS:
-        raise ValueError(f"GradientObjective: unknown triplet_weight {triplet_weight!r}; choose one of {TRIPLET_WEIGHTS}")
+        raise ValueError(
+            f"GradientObjective: unknown triplet_weight {triplet_weight!r}; choose one of {TRIPLET_WEIGHTS}"
+        )
     if pair_weight not in PAIR_WEIGHTS:
         raise ValueError(f"GradientObjective: unknown pair_weight {pair_weight!r}; choose one of {PAIR_WEIGHTS}")
 

@@ -21,6 +21,7 @@ document ``j``), never from a row ``S[j, :]``, so a text × image matrix holds e
 (image ``j`` against the texts that do not describe it), and ``S = E Eᵀ`` gives the paper's single-modality
 definition. Functional core: :func:`lifted_structure`.
 """
+
 from __future__ import annotations
 
 import tensorflow as tf

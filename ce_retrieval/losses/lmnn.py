@@ -26,6 +26,7 @@ Only row ``i`` is read: targets ``j`` and impostors ``l`` are both documents of 
 ``d²_il``), never a row of a target, so ``S`` need not be a Gram matrix (``needs_gram`` is false; LMNN is
 usually run on ``S = E Eᵀ`` with the diagonal ignored). Functional core: :func:`lmnn`.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -65,8 +66,9 @@ def check_lmnn(k, margin, push_weight, similarity, owner: str):
     return None if k is None else int(k), float(margin), float(push_weight), check_similarity(similarity, owner)
 
 
-def lmnn(relevance, scores, k: int | None = 3, margin: float = 1.0, push_weight: float = 0.5,
-         similarity: str = "cosine"):
+def lmnn(
+    relevance, scores, k: int | None = 3, margin: float = 1.0, push_weight: float = 0.5, similarity: str = "cosine"
+):
     """LMNN's ``(1 − λ) pull + λ push`` per (query, target) pair, averaged over target pairs (module docstring)."""
     k, margin, push_weight, similarity = check_lmnn(k, margin, push_weight, similarity, "lmnn")
     d2 = squared_distance(scores, similarity)  # [N, M]
@@ -92,11 +94,13 @@ class LMNNLoss(RetrievalLoss):
 
     function = lmnn
 
-    def __init__(self, k: int | None = 3, margin: float = 1.0, push_weight: float = 0.5,
-                 similarity: str = "cosine", **kwargs):
+    def __init__(
+        self, k: int | None = 3, margin: float = 1.0, push_weight: float = 0.5, similarity: str = "cosine", **kwargs
+    ):
         super().__init__(**kwargs)
-        self.k, self.margin, self.push_weight, self.similarity = check_lmnn(k, margin, push_weight, similarity,
-                                                                            "LMNNLoss")
+        self.k, self.margin, self.push_weight, self.similarity = check_lmnn(
+            k, margin, push_weight, similarity, "LMNNLoss"
+        )
 
 
 __all__ = ["LMNNLoss", "lmnn_target_relevance"]

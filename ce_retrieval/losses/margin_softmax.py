@@ -39,6 +39,7 @@ Functional core (``ce_retrieval.losses.functional``): :func:`large_margin_softma
 :func:`arc_margin_softmax`, each ``fn(relevance, scores, margin=..., scale=20, cross_example=False)``.
 As for the rest of the softmax family, each logit is one entry ``s_ij``: ``needs_gram`` is false.
 """
+
 from __future__ import annotations
 
 import math
@@ -100,32 +101,44 @@ def arcface_cosine(cosine: tf.Tensor, m: float) -> tf.Tensor:
 def large_margin_softmax(relevance, scores, margin: int = 2, scale: float = 20.0, cross_example: bool = False):
     """L-Softmax: positive logit ``scale * psi_m(theta)`` (integer ``margin`` m >= 1)."""
     m = _check_margin(margin, "large_margin_softmax", integer=True)
-    return softmax_loss(relevance, scores, scale, cross_example, positive_cosine=lambda c: psi(c, m),
-                        owner="large_margin_softmax")
+    return softmax_loss(
+        relevance, scores, scale, cross_example, positive_cosine=lambda c: psi(c, m), owner="large_margin_softmax"
+    )
 
 
-def angular_softmax(relevance, scores, margin: int = 4, lambda_=5.0, scale: float = 20.0,
-                    cross_example: bool = False):
+def angular_softmax(relevance, scores, margin: int = 4, lambda_=5.0, scale: float = 20.0, cross_example: bool = False):
     """A-Softmax: positive logit ``scale * (lambda cos(theta) + psi_m(theta)) / (1 + lambda)``; ``lambda_`` is the
     annealed weight (a number or a tensor; the class computes it from its step; 5 is SphereFace's final value)."""
     m = _check_margin(margin, "angular_softmax", integer=True)
-    return softmax_loss(relevance, scores, scale, cross_example,
-                        positive_cosine=lambda c: sphereface_cosine(c, m, lambda_), owner="angular_softmax")
+    return softmax_loss(
+        relevance,
+        scores,
+        scale,
+        cross_example,
+        positive_cosine=lambda c: sphereface_cosine(c, m, lambda_),
+        owner="angular_softmax",
+    )
 
 
-def additive_margin_softmax(relevance, scores, margin: float = 0.35, scale: float = 20.0,
-                            cross_example: bool = False):
+def additive_margin_softmax(relevance, scores, margin: float = 0.35, scale: float = 20.0, cross_example: bool = False):
     """CosFace / AM-Softmax: positive logit ``scale * (cos(theta) - m)``."""
     m = _check_margin(margin, "additive_margin_softmax", integer=False)
-    return softmax_loss(relevance, scores, scale, cross_example, positive_cosine=lambda c: c - m,
-                        owner="additive_margin_softmax")
+    return softmax_loss(
+        relevance, scores, scale, cross_example, positive_cosine=lambda c: c - m, owner="additive_margin_softmax"
+    )
 
 
 def arc_margin_softmax(relevance, scores, margin: float = 0.5, scale: float = 20.0, cross_example: bool = False):
     """ArcFace: positive logit ``scale * cos(theta + m)`` (``m`` in [0, pi/2))."""
     m = _check_margin(margin, "arc_margin_softmax", integer=False, upper=math.pi / 2)
-    return softmax_loss(relevance, scores, scale, cross_example, positive_cosine=lambda c: arcface_cosine(c, m),
-                        owner="arc_margin_softmax")
+    return softmax_loss(
+        relevance,
+        scores,
+        scale,
+        cross_example,
+        positive_cosine=lambda c: arcface_cosine(c, m),
+        owner="arc_margin_softmax",
+    )
 
 
 class _MarginSoftmax(SoftmaxFamilyLoss):
@@ -172,7 +185,8 @@ class LargeMarginSoftmax(_MarginSoftmax):
 
 @register
 class AngularSoftmax(_MarginSoftmax):
-    """A-Softmax / SphereFace (Liu et al. 2017): positive logit scale * (lambda cos(theta) + psi_m(theta)) / (1 + lambda).
+    """A-Softmax / SphereFace (Liu et al. 2017):
+    positive logit scale * (lambda cos(theta) + psi_m(theta)) / (1 + lambda).
 
     lambda = max(lambda_min, lambda_base * (1 + lambda_gamma * step) ** -lambda_power) decays with the training
     step held in ``self.step`` (see the module docstring and :class:`AnnealingStepCallback`).
@@ -229,7 +243,9 @@ class AngularSoftmax(_MarginSoftmax):
         return sphereface_cosine(cosine, self.margin, self.annealing_lambda())
 
     def function_kwargs(self) -> dict:  # the function takes the current lambda, not its schedule
-        return dict(margin=self.margin, lambda_=self.annealing_lambda(), scale=self.scale, cross_example=self.cross_example)
+        return dict(
+            margin=self.margin, lambda_=self.annealing_lambda(), scale=self.scale, cross_example=self.cross_example
+        )
 
 
 @register
@@ -282,7 +298,9 @@ class AnnealingStepCallback(tf.keras.callbacks.Callback):
         if self._losses is not None:
             return self._losses
         loss = getattr(self.model, "loss", None)
-        candidates = list(loss.values()) if isinstance(loss, dict) else list(loss) if isinstance(loss, (list, tuple)) else [loss]
+        candidates = (
+            list(loss.values()) if isinstance(loss, dict) else list(loss) if isinstance(loss, (list, tuple)) else [loss]
+        )
         return [c for c in candidates if isinstance(c, RetrievalLoss) and c.annealed]
 
     def _sync(self):

@@ -22,6 +22,7 @@ by the losses is a decreasing function of ``s``, so "closer" means "larger s" wh
 Semi-hard mining per positive pair would be an ``[N, M, M]`` comparison; one stable sort per row merges the
 row's negatives with its positives instead: O(N M log M) time, O(N M) memory.
 """
+
 from __future__ import annotations
 
 import tensorflow as tf

@@ -16,6 +16,7 @@ With ``mining=False`` every pair is used (pytorch-metric-learning's ``MultiSimil
 Anchor ``i``'s pairs and its mining are all in row ``i`` (``needs_gram`` is false). Functional core:
 :func:`multi_similarity`.
 """
+
 from __future__ import annotations
 
 import tensorflow as tf
@@ -32,8 +33,15 @@ def _check(alpha, beta, lambda_, epsilon, mining, owner: str):
     return float(alpha), float(beta), float(lambda_), float(epsilon), bool(mining)
 
 
-def multi_similarity(relevance, scores, alpha: float = 2.0, beta: float = 50.0, lambda_: float = 0.5,
-                     epsilon: float = 0.1, mining: bool = True):
+def multi_similarity(
+    relevance,
+    scores,
+    alpha: float = 2.0,
+    beta: float = 50.0,
+    lambda_: float = 0.5,
+    epsilon: float = 0.1,
+    mining: bool = True,
+):
     """Wang et al. (2019) with MS pair mining (``mining=False``: every pair), mean over anchors."""
     alpha, beta, lambda_, epsilon, mining = _check(alpha, beta, lambda_, epsilon, mining, "multi_similarity")
     positive, negative = pair_masks(relevance)

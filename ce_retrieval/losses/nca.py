@@ -24,6 +24,7 @@ Logit scale. On cosine ``S``, ``exp(−scale·d²) = exp(2·scale·s − 2·scal
 Only row ``i`` of ``S`` is read (``needs_gram`` is false): the documents may be another modality.
 Functional core: :func:`nca` (``ce_retrieval.losses.functional.nca``).
 """
+
 from __future__ import annotations
 
 import tensorflow as tf
@@ -37,8 +38,14 @@ from ce_retrieval.losses.relevance import IRRELEVANT, RELEVANT
 OBJECTIVES = ("log", "expected")
 
 
-def nca_per_query(relevance, scores, scale: float, similarity: str = "cosine", objective: str = "log",
-                  include_positives_in_denominator: bool = True):
+def nca_per_query(
+    relevance,
+    scores,
+    scale: float,
+    similarity: str = "cosine",
+    objective: str = "log",
+    include_positives_in_denominator: bool = True,
+):
     """Per-query NCA terms ``[N]`` and the mask of queries that have a positive."""
     logits = -scale * squared_distance(scores, similarity)
     positive = relevance == RELEVANT
@@ -60,8 +67,14 @@ def check_nca(scale, similarity, objective, owner: str) -> tuple[float, str, str
     return float(scale), check_similarity(similarity, owner), objective
 
 
-def nca(relevance, scores, scale: float = 1.0, similarity: str = "cosine", objective: str = "log",
-        include_positives_in_denominator: bool = True):
+def nca(
+    relevance,
+    scores,
+    scale: float = 1.0,
+    similarity: str = "cosine",
+    objective: str = "log",
+    include_positives_in_denominator: bool = True,
+):
     """NCA (module docstring): mean over queries with a positive of ``−log p_i`` (or ``1 − p_i``)."""
     scale, similarity, objective = check_nca(scale, similarity, objective, "nca")
     per_query, valid = nca_per_query(

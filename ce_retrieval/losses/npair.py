@@ -21,6 +21,7 @@ Functional core (``ce_retrieval.losses.functional``): :func:`npair`, :func:`info
 The per-row form reads row ``i`` of ``S`` only (``needs_gram`` is false): a two-tower text × image matrix is
 exactly its use.
 """
+
 from __future__ import annotations
 
 import numbers

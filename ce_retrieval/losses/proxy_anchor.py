@@ -12,6 +12,7 @@ identical to pytorch-metric-learning's ``ProxyAnchorLoss`` (negative term divide
 With ``K > 1`` proxies per class each column is its own anchor. Functional core: :func:`proxy_anchor`.
 The columns are proxies (``needs_proxies``); no Gram matrix is read (``needs_gram`` is false).
 """
+
 from __future__ import annotations
 
 import tensorflow as tf

@@ -19,14 +19,21 @@ proxies and includes positives). Mean over queries (one positive class per query
 The logit scale is λ = 2·scale, as for :class:`~ce_retrieval.losses.NCALoss`. Functional core: :func:`proxy_nca`.
 The columns are proxies (``needs_proxies``); each term reads one row (``needs_gram`` is false).
 """
+
 from __future__ import annotations
 
 from ce_retrieval.losses.nca import NCALoss, nca
 from ce_retrieval.losses.registry import register
 
 
-def proxy_nca(relevance, scores, scale: float = 9.0, include_positives_in_denominator: bool = True,
-              similarity: str = "cosine", objective: str = "log"):
+def proxy_nca(
+    relevance,
+    scores,
+    scale: float = 9.0,
+    include_positives_in_denominator: bool = True,
+    similarity: str = "cosine",
+    objective: str = "log",
+):
     """ProxyNCA++ (default) or, with ``include_positives_in_denominator=False``, the original ProxyNCA."""
     return nca(relevance, scores, scale, similarity, objective, include_positives_in_denominator)
 
@@ -39,8 +46,14 @@ class ProxyNCALoss(NCALoss):
     supports_bidirectional = False
     needs_proxies = True
 
-    def __init__(self, scale: float = 9.0, include_positives_in_denominator: bool = True, similarity: str = "cosine",
-                 objective: str = "log", **kwargs):
+    def __init__(
+        self,
+        scale: float = 9.0,
+        include_positives_in_denominator: bool = True,
+        similarity: str = "cosine",
+        objective: str = "log",
+        **kwargs,
+    ):
         super().__init__(scale=scale, similarity=similarity, objective=objective, **kwargs)
         self.include_positives_in_denominator = bool(include_positives_in_denominator)
 

@@ -3,6 +3,7 @@
 ``register`` is a class decorator that also registers the class with Keras serialisation
 (``package='ce_retrieval'``), so a compiled model reloads with its loss.
 """
+
 from __future__ import annotations
 
 import re
@@ -37,7 +38,9 @@ def register(cls):
     for alias in names:
         taken = _LOSSES.get(alias)
         if taken is not None and (taken.__module__, taken.__qualname__) != (cls.__module__, cls.__qualname__):
-            raise ValueError(f"register: the loss name {alias!r} is already taken by {taken.__module__}.{taken.__qualname__}")
+            raise ValueError(
+                f"register: the loss name {alias!r} is already taken by {taken.__module__}.{taken.__qualname__}"
+            )
     cls = tf.keras.utils.register_keras_serializable(package="ce_retrieval")(cls)
     for alias in names:
         _LOSSES[alias] = cls

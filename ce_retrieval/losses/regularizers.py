@@ -24,6 +24,7 @@ a stacked ``[B, K, D]`` tensor; it adds ``weight * L_div`` with ``add_loss`` and
 so ``model.fit`` minimises ``metric_loss + weight * L_div`` (the paper sums the per-head metric losses and
 adds lambda * L_div). Both compute in float32 under mixed precision.
 """
+
 from __future__ import annotations
 
 import tensorflow as tf
@@ -41,9 +42,7 @@ class SphericalEmbeddingConstraint(tf.keras.regularizers.Regularizer):
     def __call__(self, x):
         x = tf.convert_to_tensor(x)
         if x.shape.rank is not None and x.shape.rank < 2:
-            raise ValueError(
-                f"SphericalEmbeddingConstraint expects embeddings [batch, ..., dim], got shape {x.shape}"
-            )
+            raise ValueError(f"SphericalEmbeddingConstraint expects embeddings [batch, ..., dim], got shape {x.shape}")
         x = tf.cast(x, tf.float32)
         norms = tf.norm(tf.reshape(x, [-1, tf.shape(x)[-1]]), axis=-1)
         return self.weight * tf.reduce_sum(tf.square(norms - tf.reduce_mean(norms)))

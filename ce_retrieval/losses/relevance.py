@@ -4,6 +4,7 @@ With ``exclude_self=True`` (single-modality metric learning, ``S = E E^T``) the 
 (ignored): an example is not its own positive. Two captions of one image share its id, so in a
 caption x caption matrix they are positives of each other, never negatives.
 """
+
 from __future__ import annotations
 
 import tensorflow as tf

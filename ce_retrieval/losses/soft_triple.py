@@ -21,6 +21,7 @@ proxy layer, so Keras adds it to ``model.losses`` (``model.fit`` minimises loss 
 The columns are centres (``needs_proxies``); each term reads one row (``needs_gram`` is false).
 Functional core: :func:`soft_triple`.
 """
+
 from __future__ import annotations
 
 import tensorflow as tf
@@ -39,8 +40,9 @@ def check_soft_triple(proxies_per_class, la, gamma, delta, owner: str):
     return int(proxies_per_class), float(la), float(gamma), float(delta)
 
 
-def soft_triple(relevance, scores, proxies_per_class: int = 10, la: float = 20.0, gamma: float = 0.1,
-                delta: float = 0.01):
+def soft_triple(
+    relevance, scores, proxies_per_class: int = 10, la: float = 20.0, gamma: float = 0.1, delta: float = 0.01
+):
     """SoftTriple (module docstring) on ``[N, C·K]`` cosines, ``K = proxies_per_class`` centres per class."""
     k, la, gamma, delta = check_soft_triple(proxies_per_class, la, gamma, delta, "soft_triple")
     if scores.shape[-1] is not None and scores.shape[-1] % k:
@@ -70,8 +72,9 @@ class SoftTripleLoss(RetrievalLoss):
     supports_bidirectional = False
     needs_proxies = True
 
-    def __init__(self, proxies_per_class: int = 10, la: float = 20.0, gamma: float = 0.1, delta: float = 0.01,
-                 **kwargs):
+    def __init__(
+        self, proxies_per_class: int = 10, la: float = 20.0, gamma: float = 0.1, delta: float = 0.01, **kwargs
+    ):
         super().__init__(**kwargs)
         self.proxies_per_class, self.la, self.gamma, self.delta = check_soft_triple(
             proxies_per_class, la, gamma, delta, "SoftTripleLoss"

@@ -29,6 +29,7 @@ Functional core (``ce_retrieval.losses.functional``): :func:`sampled_softmax`, :
 Every logit is a single entry ``s_ij`` of a query's row (or of the batch's negatives): a two-tower text × image
 matrix is the intended input and no Gram matrix is needed (``needs_gram`` is false).
 """
+
 from __future__ import annotations
 
 from ce_retrieval.losses.registry import register
@@ -43,8 +44,9 @@ def sampled_softmax(relevance, scores, scale: float = 20.0):
     return softmax_loss(relevance, scores, scale, cross_example=False, owner="sampled_softmax")
 
 
-def stochastic_negative_mining(relevance, scores, scale: float = 20.0, negative_fraction: float | None = None,
-                               top_k: int | None = None):
+def stochastic_negative_mining(
+    relevance, scores, scale: float = 20.0, negative_fraction: float | None = None, top_k: int | None = None
+):
     """Eq. (3): each positive pair against the top ``ceil(f * n_i)`` (or ``min(top_k, n_i)``) negatives of its row;
     ``f`` defaults to 0.5."""
     fraction, top_k = resolve_mining(negative_fraction, top_k, DEFAULT_NEGATIVE_FRACTION, "stochastic_negative_mining")
@@ -56,8 +58,9 @@ def cross_example_softmax(relevance, scores, scale: float = 20.0):
     return softmax_loss(relevance, scores, scale, cross_example=True, owner="cross_example_softmax")
 
 
-def cross_example_negative_mining(relevance, scores, scale: float = 20.0, negative_fraction: float | None = None,
-                                  top_k: int | None = None):
+def cross_example_negative_mining(
+    relevance, scores, scale: float = 20.0, negative_fraction: float | None = None, top_k: int | None = None
+):
     """Eq. (6): each positive pair against the top ``ceil(f * n)`` (or ``min(top_k, n)``) negatives of the whole
     batch; ``f`` defaults to 0.5."""
     owner = "cross_example_negative_mining"

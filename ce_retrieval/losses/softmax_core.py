@@ -24,6 +24,7 @@ A row (or batch) without negatives has Z = 0: its positive pairs contribute 0 (l
 :func:`softmax_loss` is the whole pipeline as a function (the functional core of every class of the family);
 ``positive_cosine`` is the margin of step 1 (``None``: no margin).
 """
+
 from __future__ import annotations
 
 import math

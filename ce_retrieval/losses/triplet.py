@@ -40,6 +40,7 @@ Every triplet lies in one row (anchor ``a``, positive and negative both document
 not be a Gram matrix (``needs_gram`` is false): on a two-tower text × image matrix it is VSE++'s loss.
 Functional core: :func:`triplet` (``ce_retrieval.losses.functional.triplet``).
 """
+
 from __future__ import annotations
 
 import tensorflow as tf
@@ -56,8 +57,16 @@ MINING = ("all", "hard", "semi-hard")
 POSITIVE_MINING = ("all", "hard")
 
 
-def check_triplet(margin, mining, distance, positive_mining, max_violation, average_nonzero, positive_slots,
-                  owner: str = "TripletLoss") -> dict:
+def check_triplet(
+    margin,
+    mining,
+    distance,
+    positive_mining,
+    max_violation,
+    average_nonzero,
+    positive_slots,
+    owner: str = "TripletLoss",
+) -> dict:
     """The validated hyper-parameters (``max_violation=True`` is ``mining='hard'``); ``ValueError`` otherwise."""
     if mining not in MINING:
         raise ValueError(f"{owner}: mining must be one of {MINING}, got {mining!r}")
@@ -96,8 +105,9 @@ def triplet(
     positive_slots: int = 8,
 ):
     """FaceNet triplet loss ``[m + D(a,p) - D(a,n)]_+`` on S; every option in the module docstring."""
-    options = check_triplet(margin, mining, distance, positive_mining, max_violation, average_nonzero,
-                            positive_slots, owner="triplet")
+    options = check_triplet(
+        margin, mining, distance, positive_mining, max_violation, average_nonzero, positive_slots, owner="triplet"
+    )
     margin, mining, distance = options["margin"], options["mining"], options["distance"]
     average_nonzero = options["average_nonzero"]
     positive, negative = pair_masks(relevance)
@@ -141,8 +151,9 @@ def triplet(
             per_pair = tf.nn.relu(margin + d - tf.gather(d, index, batch_dims=1))
             return tf.reduce_sum(tf.where(kept, per_pair, tf.zeros_like(per_pair))), ()
 
-        total, _ = over_positive_slots(scores, positive, options["positive_slots"], make_semi_hard_slot,
-                                       semi_hard_sorted)
+        total, _ = over_positive_slots(
+            scores, positive, options["positive_slots"], make_semi_hard_slot, semi_hard_sorted
+        )
         return total / kept_count
 
     # 'all': the differentiated sum is of hinge sums (average_nonzero) or of per-pair means over negatives;
@@ -170,8 +181,7 @@ def triplet(
         active, below = count_below(threshold, d, negative)
         return reduce(active * threshold - below, active, kept)  # count * t - sum below = sum of hinges
 
-    total, (active_total,) = over_positive_slots(scores, positive, options["positive_slots"], make_all_slot,
-                                                 all_sorted)
+    total, (active_total,) = over_positive_slots(scores, positive, options["positive_slots"], make_all_slot, all_sorted)
     if average_nonzero:
         return total / tf.maximum(active_total, 1.0)
     return total / kept_count
@@ -194,8 +204,9 @@ class TripletLoss(RetrievalLoss):
         positive_slots: int = 8,
         **kwargs,
     ):
-        options = check_triplet(margin, mining, distance, positive_mining, max_violation, average_nonzero,
-                                positive_slots)
+        options = check_triplet(
+            margin, mining, distance, positive_mining, max_violation, average_nonzero, positive_slots
+        )
         super().__init__(**kwargs)
         for key, value in options.items():
             setattr(self, key, value)

@@ -3,6 +3,7 @@
 Public API: the config dataclasses, ``build_two_tower(model_cfg, vocab_path)``, ``TwoTowerModel``,
 ``build_optimizers(opt_cfg, total_steps)``, ``WarmupLinearDecay``.
 """
+
 from ce_retrieval.modeling.augmentation import ImageAugmentation
 from ce_retrieval.modeling.builder import build_two_tower
 from ce_retrieval.modeling.config import (

@@ -7,6 +7,7 @@ S x S), horizontal flip and colour jitter (brightness, contrast, saturation, hue
 only inside ``train_step``; evaluation, ``call`` and the exported encoders never see it (keras-cv's layers do not
 honour ``training=False`` reliably, so the model decides when to call this layer rather than relying on it).
 """
+
 from __future__ import annotations
 
 import tensorflow as tf

@@ -2,6 +2,7 @@
 
 Call it inside ``strategy.scope()`` for distributed training (all variables are created here).
 """
+
 from __future__ import annotations
 
 from ce_retrieval.modeling.augmentation import ImageAugmentation
@@ -11,7 +12,9 @@ from ce_retrieval.modeling.text_tower import build_text_tower
 from ce_retrieval.modeling.two_tower import TwoTowerModel
 
 
-def build_two_tower(model_cfg: ModelConfig, vocab_path: str | None, augmentation_seed: int | None = None) -> TwoTowerModel:
+def build_two_tower(
+    model_cfg: ModelConfig, vocab_path: str | None, augmentation_seed: int | None = None
+) -> TwoTowerModel:
     """The two-tower model of ``model_cfg``; ``vocab_path`` is the text tower's WordPiece vocab (for
     ``text.kind='hub'`` it may be None when the SavedModel ships ``assets/vocab.txt``)."""
     if not isinstance(model_cfg, ModelConfig):

@@ -15,6 +15,7 @@ Values the paper does not state are marked "not in the paper" below and follow B
 conventions. ``ModelConfig.tiny()`` and ``OptimizerConfig.tiny()`` are small presets for tests and the synthetic
 demo (a few seconds per step on a laptop CPU).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -155,7 +156,9 @@ class ImageTowerConfig:
                 f"64-channel stem, so image.stackwise_filters[0] must be 64 (got {self.stackwise_filters[0]})"
             )
         if self.image_size < 32:
-            raise ValueError(f"image.image_size must be >= 32 (the ResNet stem downsamples by 4), got {self.image_size}")
+            raise ValueError(
+                f"image.image_size must be >= 32 (the ResNet stem downsamples by 4), got {self.image_size}"
+            )
         if len(self.pixel_mean) != 3 or len(self.pixel_std) != 3 or min(self.pixel_std) <= 0:
             raise ValueError("image.pixel_mean and image.pixel_std must have 3 entries (RGB), std > 0")
 
@@ -192,7 +195,8 @@ class ModelConfig:
 
     @classmethod
     def tiny(cls, **overrides) -> ModelConfig:
-        """A CPU-fast model trained from scratch: 2-layer BERT (hidden 64, mean pooling), 4-stage ResNet with one small bottleneck block each
+        """A CPU-fast model trained from scratch: 2-layer BERT (hidden 64, mean pooling), 4-stage ResNet with one
+        small bottleneck block each
         (filters 8-64, 256 output channels), 64x64 images, d = 32."""
         cfg = cls(
             text=TextTowerConfig(

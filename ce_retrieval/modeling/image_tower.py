@@ -12,6 +12,7 @@ bytes [B] -> float32 pixels in [0, 1], [B, S, S, 3]), the ``core`` (pixels -> un
 ImageNet mean/std, backbone, pooling, projection) and the ``encoder`` (bytes -> embeddings). Training-time
 augmentation acts on the decoded pixels between the two and is not part of the exported encoder.
 """
+
 from __future__ import annotations
 
 import tensorflow as tf
@@ -55,7 +56,11 @@ class ImageDecoder(tf.keras.layers.Layer):
         )
         check = tf.debugging.Assert(
             known,
-            ["image tower: input is not an encoded JPEG/PNG/GIF/BMP/WebP image (empty or corrupt bytes); leading bytes:", head],
+            [
+                "image tower: input is not an encoded JPEG/PNG/GIF/BMP/WebP image (empty or corrupt bytes); "
+                "leading bytes:",
+                head,
+            ],
         )
         with tf.control_dependencies([check]):
             image = tf.io.decode_image(data, channels=3, expand_animations=False)

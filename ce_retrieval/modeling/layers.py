@@ -4,6 +4,7 @@
 embeddings leave each tower as unit-norm float32 vectors and the cosine similarity is ``<e_t, e_v>``.
 ``as_string_batch``: the raw-input check both preprocessors (text and image) apply.
 """
+
 from __future__ import annotations
 
 import tensorflow as tf

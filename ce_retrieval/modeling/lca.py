@@ -26,6 +26,7 @@ any fixed σ² the map ``(W, κ²) → (W/√a, ρ)`` is onto, so fixing σ² lo
 Row convention: ``x`` is ``[N, D]``, the ``[D, rank]`` matrix ``W_`` maps ``z = x @ W_`` (that is, the
 paper's ``W`` transposed); the learned metric is ``M = W_ W_ᵀ``.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -46,8 +47,9 @@ class LatentCoincidenceAnalysis:
     first and after every iteration), ``n_iter_``.
     """
 
-    def __init__(self, rank: int | None = None, sigma2: float = 1.0, max_iter: int = 100, tol: float = 1e-6,
-                 init: str = "pca"):
+    def __init__(
+        self, rank: int | None = None, sigma2: float = 1.0, max_iter: int = 100, tol: float = 1e-6, init: str = "pca"
+    ):
         if sigma2 <= 0:
             raise ValueError(f"LatentCoincidenceAnalysis: sigma2 must be > 0, got {sigma2}")
         if init not in ("pca", "identity"):
@@ -70,8 +72,7 @@ class LatentCoincidenceAnalysis:
     def _best_kappa2(self, diff, similar, w, kappa2):
         objective = lambda t: -self._log_likelihood(diff, similar, w, float(np.exp(t)))
         t0 = np.log(kappa2)
-        res = minimize_scalar(objective, bounds=(t0 - 8.0, t0 + 8.0), method="bounded",
-                              options={"xatol": 1e-8})
+        res = minimize_scalar(objective, bounds=(t0 - 8.0, t0 + 8.0), method="bounded", options={"xatol": 1e-8})
         return float(np.exp(res.x)) if res.fun < objective(t0) else kappa2
 
     # -- estimator -----------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ with ``LMNNLoss(similarity='negative_squared_distance')`` or ``NCALoss(similarit
 from labels (``relevance_from_ids(y, y, exclude_self=True)``). After training, ``projection(x)`` is the
 embedding in which Euclidean distance is ``d_M``.
 """
+
 from __future__ import annotations
 
 import tensorflow as tf

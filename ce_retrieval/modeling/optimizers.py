@@ -8,6 +8,7 @@ they serialise and their slots and ``iterations`` are saved by ``tf.train.Checkp
 through the model (``TwoTowerModel.text_optimizer`` / ``.image_optimizer``). Loss scaling for ``mixed_float16``
 is added by ``TwoTowerModel.compile`` (one ``LossScaleOptimizer`` per optimizer).
 """
+
 from __future__ import annotations
 
 import tensorflow as tf

@@ -14,6 +14,7 @@ Fixed centroids (ProbML 16.2.5.3, :class:`~ce_retrieval.losses.CentroidUpperBoun
 with ``trainable=False`` and an initial value from :func:`fixed_centroids` (one-hot vectors, or k-means
 centres of points sampled on the unit sphere).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -98,7 +99,8 @@ class ProxySimilarity(tf.keras.layers.Layer):
         super().__init__(**kwargs)
         if int(num_classes) < 1 or int(proxies_per_class) < 1:
             raise ValueError(
-                f"ProxySimilarity: num_classes and proxies_per_class must be >= 1, got {num_classes}, {proxies_per_class}"
+                "ProxySimilarity: num_classes and proxies_per_class must be >= 1, "
+                f"got {num_classes}, {proxies_per_class}"
             )
         self.num_classes = int(num_classes)
         self.proxies_per_class = int(proxies_per_class)

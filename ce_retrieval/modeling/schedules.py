@@ -6,6 +6,7 @@
 ``t`` is the optimizer's step counter (0 for the first update), ``W`` the warm-up steps and ``T`` the total
 steps (lr = end from T on). Text tower: peak 1e-4, W = 1,500, end 0. Image tower: peak 3e-3, W = 0, end 5e-4.
 """
+
 from __future__ import annotations
 
 import tensorflow as tf
@@ -16,12 +17,21 @@ class WarmupLinearDecay(tf.keras.optimizers.schedules.LearningRateSchedule):
     """Linear warm-up from 0 to ``peak_learning_rate`` over ``warmup_steps``, then linear decay to
     ``end_learning_rate`` at ``total_steps``."""
 
-    def __init__(self, peak_learning_rate: float, total_steps: int, warmup_steps: int = 0, end_learning_rate: float = 0.0, name: str | None = None):
+    def __init__(
+        self,
+        peak_learning_rate: float,
+        total_steps: int,
+        warmup_steps: int = 0,
+        end_learning_rate: float = 0.0,
+        name: str | None = None,
+    ):
         super().__init__()
         if total_steps <= 0:
             raise ValueError(f"WarmupLinearDecay: total_steps must be positive, got {total_steps}")
         if not 0 <= warmup_steps <= total_steps:
-            raise ValueError(f"WarmupLinearDecay: warmup_steps must be in [0, total_steps={total_steps}], got {warmup_steps}")
+            raise ValueError(
+                f"WarmupLinearDecay: warmup_steps must be in [0, total_steps={total_steps}], got {warmup_steps}"
+            )
         self.peak_learning_rate = float(peak_learning_rate)
         self.total_steps = int(total_steps)
         self.warmup_steps = int(warmup_steps)

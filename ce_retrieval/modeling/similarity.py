@@ -9,6 +9,7 @@ differentiable: its gradient sums the upstream gradients of all replicas for eac
 the loss's ``1 / num_replicas`` scaling and Keras's SUM all-reduce yields exactly d(global loss)/d(theta)
 (ce_retrieval/losses/base.py). Outside a multi-replica strategy it is the identity.
 """
+
 from __future__ import annotations
 
 import tensorflow as tf
@@ -26,7 +27,8 @@ def gather_from_replicas(x: tf.Tensor) -> tf.Tensor:
     that slice (an all-reduce, then this replica's rows). ``ReplicaContext.all_gather``'s own gradient does the
     same, but both collectives use their input tensor's device as the destination, which is unset inside
     ``tf.function`` under ``MultiWorkerMirroredStrategy`` ("destinations can not be empty"); here the tensors
-    are placed on this replica's worker device first. Per-replica sizes may differ (offsets come from the gathered sizes).
+    are placed on this replica's worker device first.
+    Per-replica sizes may differ (offsets come from the gathered sizes).
     """
     ctx = tf.distribute.get_replica_context()
     if ctx is None or ctx.num_replicas_in_sync == 1:

@@ -10,6 +10,7 @@ The tower is built as three Keras objects sharing weights (see :class:`Tower`): 
 int32 ``input_word_ids / input_mask / input_type_ids`` [B, L]), the ``core`` (that dict -> unit embeddings,
 the XLA-compilable part) and the ``encoder`` (strings -> embeddings = core(preprocessor(strings))).
 """
+
 from __future__ import annotations
 
 import os
@@ -79,11 +80,15 @@ class TextPreprocessor(tf.keras.layers.Layer):
         pieces = self._tokenizer.tokenize(strings)  # [B, (words), (pieces)] int64
         # Reshape row splits to a static batch size (works around ragged shape inference in Keras graphs).
         pieces = pieces.merge_dims(1, -1)
-        pieces = tf.RaggedTensor.from_row_splits(tf.cast(pieces.values, tf.int32), tf.reshape(pieces.row_splits, [batch_size + 1]))
+        pieces = tf.RaggedTensor.from_row_splits(
+            tf.cast(pieces.values, tf.int32), tf.reshape(pieces.row_splits, [batch_size + 1])
+        )
         packed = nlp_layers.BertPackInputs.bert_pack_inputs(
             [pieces], self.seq_length, truncator="waterfall", **self.special_ids
         )
-        return {key: tf.ensure_shape(tf.cast(packed[key], tf.int32), [None, self.seq_length]) for key in BERT_INPUT_KEYS}
+        return {
+            key: tf.ensure_shape(tf.cast(packed[key], tf.int32), [None, self.seq_length]) for key in BERT_INPUT_KEYS
+        }
 
     def get_config(self):
         return {

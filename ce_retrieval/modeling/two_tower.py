@@ -25,6 +25,7 @@ the device (GPU/TPU), which is not tested here. ``text_encoder`` and
 ``image_encoder`` (strings -> unit embeddings, no augmentation) share all weights with the towers and are what
 evaluation and serving use.
 """
+
 from __future__ import annotations
 
 import math
@@ -36,6 +37,15 @@ from ce_retrieval.losses import relevance_from_ids
 from ce_retrieval.modeling.augmentation import ImageAugmentation
 from ce_retrieval.modeling.similarity import cosine_similarity, gather_from_replicas, num_replicas
 from ce_retrieval.modeling.text_tower import Tower
+
+BAD_BATCH_POLICIES = ("stop", "skip")
+BAD_BATCH_NONFINITE = "has a NaN or Inf loss or gradient (stopping before the update; train.on_bad_batch=skip skips)"
+BAD_BATCH_NO_POSITIVE = "has no positive pair (no caption of the batch matches an image of the batch)"
+
+
+def num_replicas_in_scope() -> int:
+    """Replicas of the strategy whose scope is active (1 outside any scope)."""
+    return int(tf.distribute.get_strategy().num_replicas_in_sync)
 
 
 class TwoTowerModel(tf.keras.Model):
@@ -80,6 +90,8 @@ class TwoTowerModel(tf.keras.Model):
         self._loss_scaling = False
         self._core_jit = False
         self._joint_gram = False
+        self.on_bad_batch = "stop"
+        self._skipped_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_steps")
         self._loss_tracker = tf.keras.metrics.Mean(name="loss")
         self._recall_tracker = tf.keras.metrics.Mean(name="in_batch_recall_at_1")
         self.built = True
@@ -96,7 +108,9 @@ class TwoTowerModel(tf.keras.Model):
         """``{"caption": [B] str, "image": [B] bytes}`` -> ``{"text": [B, d], "image": [B, d]}`` (either key may
         be absent). No augmentation, whatever ``training`` says."""
         if not isinstance(inputs, dict):
-            raise TypeError(f"TwoTowerModel expects a dict with '{CAPTION}' and/or '{IMAGE}', got {type(inputs).__name__}")
+            raise TypeError(
+                f"TwoTowerModel expects a dict with '{CAPTION}' and/or '{IMAGE}', got {type(inputs).__name__}"
+            )
         outputs = {}
         if CAPTION in inputs:
             outputs["text"] = self.text_core(self.text_preprocessor(inputs[CAPTION]), training=training)
@@ -113,6 +127,7 @@ class TwoTowerModel(tf.keras.Model):
         text_optimizer=None,
         image_optimizer=None,
         jit_compile: bool = False,
+        on_bad_batch: str = "stop",
         **kwargs,
     ):
         """Sets the retrieval loss and the two optimizers.
@@ -121,8 +136,19 @@ class TwoTowerModel(tf.keras.Model):
         (which gives it λ = ``logit_scale``); a loss with a logit scale must carry this model's λ, or λ = 1 when
         the model learns λ and applies it itself.
         ``jit_compile``: XLA-compile the numeric part of the step (towers, gather, loss, gradients).
+        ``on_bad_batch``: a step whose loss or gradients are NaN/Inf, or whose batch has no positive pair, is
+        never applied silently (XLA drops the losses' own checks): ``"stop"`` raises an error naming the step;
+        ``"skip"`` leaves the weights unchanged and counts it in the ``skipped_steps`` log (one replica only).
         Other keyword arguments go to ``tf.keras.Model.compile`` (e.g. ``steps_per_execution``).
         """
+        if on_bad_batch not in BAD_BATCH_POLICIES:
+            raise ValueError(f"on_bad_batch must be one of {BAD_BATCH_POLICIES}, got {on_bad_batch!r}")
+        if on_bad_batch == "skip" and num_replicas_in_scope() > 1:
+            raise ValueError(
+                "on_bad_batch='skip' is supported on one replica; under a multi-replica strategy use 'stop' "
+                "(the run stops with an error naming the step and resumes from its last backup)"
+            )
+        self.on_bad_batch = on_bad_batch
         if text_optimizer is None or image_optimizer is None:
             raise ValueError("TwoTowerModel.compile needs text_optimizer and image_optimizer (see build_optimizers)")
         if text_optimizer is image_optimizer:
@@ -200,7 +226,9 @@ class TwoTowerModel(tf.keras.Model):
             raise ValueError("TwoTowerModel: a variable is shared between the text and image towers")
         orphans = [v.name for v in self.trainable_variables if id(v) not in text_ids | image_ids]
         if orphans:
-            raise ValueError(f"TwoTowerModel: trainable variables in neither tower (no optimizer updates them): {orphans}")
+            raise ValueError(
+                f"TwoTowerModel: trainable variables in neither tower (no optimizer updates them): {orphans}"
+            )
 
     @property
     def metrics(self):
@@ -212,7 +240,9 @@ class TwoTowerModel(tf.keras.Model):
             data = data[0]
         missing = [k for k in (CAPTION, IMAGE, IMAGE_ID) if k not in data]
         if missing:
-            raise KeyError(f"TwoTowerModel: training batches need {CAPTION!r}, {IMAGE!r}, {IMAGE_ID!r}; missing {missing}")
+            raise KeyError(
+                f"TwoTowerModel: training batches need {CAPTION!r}, {IMAGE!r}, {IMAGE_ID!r}; missing {missing}"
+            )
         text_inputs = self.text_preprocessor(data[CAPTION])
         pixels = self.image_preprocessor(data[IMAGE])
         if augment and self.augmentation is not None:
@@ -263,9 +293,36 @@ class TwoTowerModel(tf.keras.Model):
         text_inputs, pixels, ids = self._prepare(data, augment=True)
         compute = self._compute_gradients_jit if self._core_jit else self._compute_gradients
         loss, cosine, relevance, text_grads, image_grads = compute(text_inputs, pixels, ids)
+        finite, has_positive = self._step_flags(loss, relevance, text_grads + image_grads)
+        if self.on_bad_batch == "stop":
+            step = self.text_optimizer.iterations
+            checks = [
+                tf.debugging.Assert(finite, ["training step", step, BAD_BATCH_NONFINITE], name="nonfinite_step"),
+                tf.debugging.Assert(has_positive, ["training step", step, BAD_BATCH_NO_POSITIVE], name="empty_step"),
+            ]
+            with tf.control_dependencies(checks):
+                self._apply(text_grads, image_grads)
+        else:  # skip: no update (like dynamic loss scaling on overflow), counted in the logs
+            ok = tf.logical_and(finite, has_positive)
+            tf.cond(ok, lambda: self._apply(text_grads, image_grads), lambda: tf.no_op())
+            self._skipped_steps.assign_add(tf.cast(tf.logical_not(ok), tf.int64))
+        return self._update_metrics(loss, cosine, relevance)
+
+    def _step_flags(self, loss, relevance, grads):
+        """(loss and gradients finite, batch has a positive pair): computed inside the compiled step, checked out
+        of it, because XLA compiles the losses' own asserts away. Under dynamic loss scaling an overflowing
+        gradient is the optimizer's business (it skips the step and lowers the scale), so only the loss counts."""
+        finite = tf.reduce_all(tf.math.is_finite(loss))
+        if not self._loss_scaling:
+            for g in grads:
+                if g is not None:
+                    finite = tf.logical_and(finite, tf.reduce_all(tf.math.is_finite(tf.convert_to_tensor(g))))
+        return finite, tf.reduce_any(tf.equal(relevance, 1.0))
+
+    def _apply(self, text_grads, image_grads):
         self.text_optimizer.apply_gradients(zip(text_grads, self.text_variables, strict=True))
         self.image_optimizer.apply_gradients(zip(image_grads, self.image_variables, strict=True))
-        return self._update_metrics(loss, cosine, relevance)
+        return tf.no_op()
 
     def test_step(self, data):
         if self.retrieval_loss is None:
@@ -287,6 +344,8 @@ class TwoTowerModel(tf.keras.Model):
         hit = tf.gather(relevance, top1, axis=1, batch_dims=1) > 0
         self._recall_tracker.update_state(tf.reduce_mean(tf.cast(hit, tf.float32)))
         logs = {m.name: m.result() for m in self.metrics}
+        if self.on_bad_batch == "skip":
+            logs["skipped_steps"] = self._skipped_steps.read_value()
         if self.learn_logit_scale:
             logs["logit_scale"] = self.logit_scale
         return logs

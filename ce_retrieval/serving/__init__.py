@@ -10,6 +10,7 @@
 
 The ``export``, ``index``, ``query`` and ``serve`` commands are in :mod:`ce_retrieval.cli`.
 """
+
 from ce_retrieval.serving.export import ExportPaths, embed_with_keras, export_encoders, load_signature
 from ce_retrieval.serving.gallery import GalleryIndex, IndexMismatchError
 from ce_retrieval.serving.index import build_index

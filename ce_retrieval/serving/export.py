@@ -16,6 +16,7 @@ weights (SHA-256 over every weight tensor of both towers), embeddings of fixed p
 reloaded model and to bind an index to its model), the custom ops the graph needs (e.g. TF-Text's
 ``CaseFoldUTF8``: a TF Serving build must link them), and caller metadata. Writing is atomic (see ``layout``).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -83,9 +84,11 @@ def _servable(encoder, input_name: str):
 
     # The argument name becomes the signature's input key, so build the function with the wanted name.
     if input_name == TEXT_INPUT:
+
         def embed(text):
             return _embed(text)
     else:
+
         def embed(image_bytes):
             return _embed(image_bytes)
 
@@ -150,12 +153,22 @@ def _check_probes(saved_model_dir: str, input_name: str, inputs, expected: np.nd
     got = fn(**{input_name: tf.constant(list(inputs), dtype=tf.string)})[OUTPUT].numpy()
     err = float(np.max(np.abs(got - expected))) if got.shape == expected.shape else float("inf")
     if not err <= PROBE_ATOL:
-        raise RuntimeError(f"exported {os.path.basename(os.path.dirname(saved_model_dir))} does not reproduce the "
-                           f"Keras tower (max |diff| {err:.3g} > {PROBE_ATOL}); export aborted")
+        raise RuntimeError(
+            f"exported {os.path.basename(os.path.dirname(saved_model_dir))} does not reproduce the "
+            f"Keras tower (max |diff| {err:.3g} > {PROBE_ATOL}); export aborted"
+        )
 
 
-def export_encoders(text_encoder, image_encoder, export_dir: str, version: int | None = None, metadata: dict | None = None,
-                    *, logit_scale: float | None = None, verify: bool = True) -> ExportPaths:
+def export_encoders(
+    text_encoder,
+    image_encoder,
+    export_dir: str,
+    version: int | None = None,
+    metadata: dict | None = None,
+    *,
+    logit_scale: float | None = None,
+    verify: bool = True,
+) -> ExportPaths:
     """Writes both towers as version ``version`` (default: next free) of ``export_dir``; returns their paths.
 
     ``text_encoder`` / ``image_encoder`` map a string batch [B] (captions / encoded image bytes) to [B, d]
@@ -169,7 +182,9 @@ def export_encoders(text_encoder, image_encoder, export_dir: str, version: int |
     version = layout.next_version(export_dir) if version is None else int(version)
     if version <= 0:
         raise ValueError(f"version must be a positive integer, got {version}")
-    finals = {part: layout.version_dir(export_dir, part, version) for part in (layout.TEXT_ENCODER, layout.IMAGE_ENCODER)}
+    finals = {
+        part: layout.version_dir(export_dir, part, version) for part in (layout.TEXT_ENCODER, layout.IMAGE_ENCODER)
+    }
     for path in finals.values():
         if os.path.exists(path):
             raise FileExistsError(f"{path} already exists; versions are immutable, pick another --version")
@@ -178,7 +193,10 @@ def export_encoders(text_encoder, image_encoder, export_dir: str, version: int |
     text_probe = embed_with_keras(text_encoder, PROBE_TEXTS)
     image_probe = embed_with_keras(image_encoder, probes_img)
     if text_probe.ndim != 2 or image_probe.ndim != 2 or text_probe.shape[1] != image_probe.shape[1]:
-        raise ValueError(f"towers must return [B, d] embeddings of one size d; got text {text_probe.shape}, image {image_probe.shape}")
+        raise ValueError(
+            "towers must return [B, d] embeddings of one size d; "
+            f"got text {text_probe.shape}, image {image_probe.shape}"
+        )
     text_fp, image_fp = weights_fingerprint(text_encoder), weights_fingerprint(image_encoder)
     meta = {
         "format": "ce_retrieval.export/1",
@@ -194,9 +212,15 @@ def export_encoders(text_encoder, image_encoder, export_dir: str, version: int |
         "fingerprint": hashlib.sha256(f"{text_fp}:{image_fp}".encode()).hexdigest(),
         "text_fingerprint": text_fp,
         "image_fingerprint": image_fp,
-        "signatures": {layout.TEXT_ENCODER: {"names": list(TEXT_SIGNATURES), "input": TEXT_INPUT, "output": OUTPUT},
-                       layout.IMAGE_ENCODER: {"names": list(IMAGE_SIGNATURES), "input": IMAGE_INPUT, "output": OUTPUT}},
-        "probe": {"texts": list(PROBE_TEXTS), "text_embeddings": text_probe.tolist(), "image_embeddings": image_probe.tolist()},
+        "signatures": {
+            layout.TEXT_ENCODER: {"names": list(TEXT_SIGNATURES), "input": TEXT_INPUT, "output": OUTPUT},
+            layout.IMAGE_ENCODER: {"names": list(IMAGE_SIGNATURES), "input": IMAGE_INPUT, "output": OUTPUT},
+        },
+        "probe": {
+            "texts": list(PROBE_TEXTS),
+            "text_embeddings": text_probe.tolist(),
+            "image_embeddings": image_probe.tolist(),
+        },
         "metadata": metadata or {},
     }
 
@@ -204,8 +228,10 @@ def export_encoders(text_encoder, image_encoder, export_dir: str, version: int |
     published: list[str] = []
     try:
         ops: set[str] = set()
-        for part, encoder, input_name, names in ((layout.TEXT_ENCODER, text_encoder, TEXT_INPUT, TEXT_SIGNATURES),
-                                                 (layout.IMAGE_ENCODER, image_encoder, IMAGE_INPUT, IMAGE_SIGNATURES)):
+        for part, encoder, input_name, names in (
+            (layout.TEXT_ENCODER, text_encoder, TEXT_INPUT, TEXT_SIGNATURES),
+            (layout.IMAGE_ENCODER, image_encoder, IMAGE_INPUT, IMAGE_SIGNATURES),
+        ):
             temps[part] = atomic.temp_dir_for(finals[part])
             module = _servable(encoder, input_name)
             tf.saved_model.save(module, temps[part], signatures={name: module.embed for name in names})
@@ -227,4 +253,3 @@ def export_encoders(text_encoder, image_encoder, export_dir: str, version: int |
         for path in temps.values():
             atomic.remove_tree(path)
     return ExportPaths(version, finals[layout.TEXT_ENCODER], finals[layout.IMAGE_ENCODER], meta)
-

@@ -8,6 +8,7 @@ chunked brute force. Threshold search is always exact (``partitions.threshold_se
 Loading checks the index against the model it will be queried with: embedding dimension, normalisation and the
 export fingerprint must match, and the stored arrays must match the manifest; otherwise ``IndexMismatchError``.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -38,8 +39,15 @@ def ids_digest(ids: np.ndarray) -> str:
 class GalleryIndex:
     """Searches one ``<export_dir>/index/<version>/`` folder. Rows are in the index's internal (leaf) order."""
 
-    def __init__(self, path: str, manifest: dict, embeddings: np.ndarray, ids: np.ndarray,
-                 partitions: BallPartitions | None, scann_searcher=None):
+    def __init__(
+        self,
+        path: str,
+        manifest: dict,
+        embeddings: np.ndarray,
+        ids: np.ndarray,
+        partitions: BallPartitions | None,
+        scann_searcher=None,
+    ):
         self.path, self.manifest = path, manifest
         self.embeddings, self.ids = embeddings, ids
         self.partitions, self.scann = partitions, scann_searcher
@@ -71,12 +79,20 @@ class GalleryIndex:
             check_compatible(manifest, expected_model, path)
         embeddings = np.load(os.path.join(path, EMBEDDINGS_FILE), mmap_mode="r" if mmap else None)
         ids = np.load(os.path.join(path, IDS_FILE))
-        if embeddings.ndim != 2 or embeddings.shape[0] != manifest["num_items"] or ids.shape != (manifest["num_items"],):
-            raise IndexMismatchError(f"{path}: arrays ({embeddings.shape}, {ids.shape}) do not match the manifest "
-                                     f"({manifest['num_items']} items)")
+        if (
+            embeddings.ndim != 2
+            or embeddings.shape[0] != manifest["num_items"]
+            or ids.shape != (manifest["num_items"],)
+        ):
+            raise IndexMismatchError(
+                f"{path}: arrays ({embeddings.shape}, {ids.shape}) do not match the manifest "
+                f"({manifest['num_items']} items)"
+            )
         if embeddings.shape[1] != manifest["model"]["embedding_dim"]:
-            raise IndexMismatchError(f"{path}: embeddings have dimension {embeddings.shape[1]}, manifest says "
-                                     f"{manifest['model']['embedding_dim']}")
+            raise IndexMismatchError(
+                f"{path}: embeddings have dimension {embeddings.shape[1]}, manifest says "
+                f"{manifest['model']['embedding_dim']}"
+            )
         if ids_digest(ids) != manifest["ids"]["sha256"]:
             raise IndexMismatchError(f"{path}: {IDS_FILE} does not match the manifest's checksum")
         parts_path = os.path.join(path, PARTITIONS_FILE)
@@ -86,8 +102,9 @@ class GalleryIndex:
             searcher = scann_ops_pybind.load_searcher(os.path.join(path, SCANN_DIR))
         return cls(path, manifest, embeddings, ids, partitions, searcher)
 
-    def topk_rows(self, queries: np.ndarray, k: int, *, leaves_to_search: int | None = None,
-                  exact: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    def topk_rows(
+        self, queries: np.ndarray, k: int, *, leaves_to_search: int | None = None, exact: bool = False
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Rows [B, k'] and scores [B, k'] (descending), k' = min(k, len(self))."""
         queries = np.ascontiguousarray(queries, dtype=np.float32)
         k = min(int(k), len(self))
@@ -96,8 +113,9 @@ class GalleryIndex:
         pre = max(int(self.reorder or 0), k)
         num_leaves = int(self.manifest["params"]["num_leaves"])
         # search enough leaves to hold ~2x the candidates asked for (large k), never more than all of them
-        leaves = min(num_leaves, max(int(leaves_to_search or self.leaves_to_search),
-                                     math.ceil(2 * pre * num_leaves / len(self))))
+        leaves = min(
+            num_leaves, max(int(leaves_to_search or self.leaves_to_search), math.ceil(2 * pre * num_leaves / len(self)))
+        )
         if len(queries) >= 16:
             rows, scores = self.scann.search_batched_parallel(queries, k, pre, leaves)
         else:
@@ -123,12 +141,18 @@ def check_compatible(manifest: dict, export_meta: dict, where: str = "index") ->
     """Raises ``IndexMismatchError`` unless the index was built by exactly this exported model."""
     model = manifest.get("model", {})
     if model.get("embedding_dim") != export_meta.get("embedding_dim"):
-        raise IndexMismatchError(f"{where}: index embedding dimension {model.get('embedding_dim')} != model's "
-                                 f"{export_meta.get('embedding_dim')}")
+        raise IndexMismatchError(
+            f"{where}: index embedding dimension {model.get('embedding_dim')} != model's "
+            f"{export_meta.get('embedding_dim')}"
+        )
     if model.get("normalization") != export_meta.get("normalization", "l2"):
-        raise IndexMismatchError(f"{where}: index normalisation {model.get('normalization')!r} != model's "
-                                 f"{export_meta.get('normalization')!r}")
+        raise IndexMismatchError(
+            f"{where}: index normalisation {model.get('normalization')!r} != model's "
+            f"{export_meta.get('normalization')!r}"
+        )
     if model.get("fingerprint") != export_meta.get("fingerprint"):
-        raise IndexMismatchError(f"{where}: index was built for model fingerprint {str(model.get('fingerprint'))[:12]}, "
-                                 f"this model is {str(export_meta.get('fingerprint'))[:12]}; rebuild the index "
-                                 "(ce-retrieval index) for this export version")
+        raise IndexMismatchError(
+            f"{where}: index was built for model fingerprint {str(model.get('fingerprint'))[:12]}, "
+            f"this model is {str(export_meta.get('fingerprint'))[:12]}; rebuild the index "
+            "(ce-retrieval index) for this export version"
+        )

@@ -13,11 +13,13 @@ version (unit vectors, score s(q, x) = q.x):
 ScaNN set-up follows its guidance for n items: a spherical k-means tree of num_leaves ~ sqrt(n), anisotropic
 asymmetric hashing (2 dims/block, threshold 0.2) for scoring, exact float32 re-ranking of the best
 ``reorder`` candidates (``ce_retrieval.evaluation.ann.build_scann``, shared with the evaluation's ScaNN
-search). ``leaves_to_search`` and the re-ranking depth are tuned at build time: the cheapest pair on a grid whose recall@10 against exact search reaches the target (0.95 by default) on evaluation
-queries (validation captions when given, otherwise held-out-like points near the gallery). ScaNN is serialised with relative asset paths so the
+search). ``leaves_to_search`` and the re-ranking depth are tuned at build time: the cheapest pair on a grid whose
+recall@10 against exact search reaches the target (0.95 by default) on evaluation queries (validation captions when
+given, otherwise held-out-like points near the gallery). ScaNN is serialised with relative asset paths so the
 folder can be moved and loaded from any working directory. The folder is published atomically
 (``ce_retrieval.utils.atomic.atomic_directory``).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -75,7 +77,9 @@ def _tune_leaves(searcher, queries: np.ndarray, exact_rows: np.ndarray, p: Index
     """Cheapest (leaves_to_search, reorder) on a grid reaching ``target`` recall@10: leaves grow geometrically
     and, at each, the re-ranking depth is tried at 1x and 4x (hard, diffuse data needs deeper re-ranking
     rather than more leaves). Returns (leaves, reorder, recall, table)."""
-    grid = sorted({max(1, math.ceil(p.num_leaves * f)) for f in (0.01, 0.02, 0.04, 0.07, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)})
+    grid = sorted(
+        {max(1, math.ceil(p.num_leaves * f)) for f in (0.01, 0.02, 0.04, 0.07, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)}
+    )
     if p.leaves_to_search is not None:
         grid = [p.leaves_to_search]
     table = []
@@ -90,10 +94,21 @@ def _tune_leaves(searcher, queries: np.ndarray, exact_rows: np.ndarray, p: Index
     return best["leaves_to_search"], best["reorder_num_neighbors"], best["recall_at_10"], table
 
 
-def build_index(embeddings, ids, export_dir: str, version: int | None = None, *, thresholds=None,
-                queries=None, target_recall: float = 0.95, brute_force_below: int = BRUTE_FORCE_BELOW,
-                params: IndexParams | None = None, overwrite: bool = False, gallery_info: dict | None = None,
-                seed: int = 0) -> dict:
+def build_index(
+    embeddings,
+    ids,
+    export_dir: str,
+    version: int | None = None,
+    *,
+    thresholds=None,
+    queries=None,
+    target_recall: float = 0.95,
+    brute_force_below: int = BRUTE_FORCE_BELOW,
+    params: IndexParams | None = None,
+    overwrite: bool = False,
+    gallery_info: dict | None = None,
+    seed: int = 0,
+) -> dict:
     """Builds and publishes ``<export_dir>/index/<version>/`` for gallery ``embeddings`` [n, d] with ``ids`` [n].
 
     ``embeddings`` must come from ``image_encoder/<version>`` (unit norm). ``thresholds`` maps a precision
@@ -113,7 +128,9 @@ def build_index(embeddings, ids, export_dir: str, version: int | None = None, *,
     if x.ndim != 2 or x.shape[0] == 0:
         raise ValueError(f"embeddings must be a non-empty [n, d] array, got shape {x.shape}")
     if x.shape[1] != meta["embedding_dim"]:
-        raise ValueError(f"embeddings have dimension {x.shape[1]} but export version {version} has {meta['embedding_dim']}")
+        raise ValueError(
+            f"embeddings have dimension {x.shape[1]} but export version {version} has {meta['embedding_dim']}"
+        )
     if ids.shape != (len(x),):
         raise ValueError(f"ids must have shape ({len(x)},), got {ids.shape}")
     if len(np.unique(ids)) != len(ids):
@@ -145,17 +162,29 @@ def build_index(embeddings, ids, export_dir: str, version: int | None = None, *,
                 q = q[rng.choice(len(q), size=min(len(q), 1000), replace=False)]
                 source = "given queries"
             exact_rows, _ = exact_search(q, x, 10)
-            p.leaves_to_search, p.reorder_num_neighbors, recall, table = _tune_leaves(searcher, q, exact_rows, p,
-                                                                                      target_recall)
+            p.leaves_to_search, p.reorder_num_neighbors, recall, table = _tune_leaves(
+                searcher, q, exact_rows, p, target_recall
+            )
             os.makedirs(os.path.join(tmp, SCANN_DIR))
             searcher.serialize(os.path.join(tmp, SCANN_DIR), relative_path=True)
-            recall_info = {"recall_at_10": recall, "target": target_recall, "meets_target": recall >= target_recall,
-                           "num_queries": len(q), "query_source": source, "tuning": table}
+            recall_info = {
+                "recall_at_10": recall,
+                "target": target_recall,
+                "meets_target": recall >= target_recall,
+                "num_queries": len(q),
+                "query_source": source,
+                "tuning": table,
+            }
             params_out = dataclasses.asdict(p)
         else:
             params_out = {"exact": True}
-            recall_info = {"recall_at_10": 1.0, "target": target_recall, "meets_target": True, "num_queries": 0,
-                           "query_source": "exact search (gallery below brute_force_below)"}
+            recall_info = {
+                "recall_at_10": 1.0,
+                "target": target_recall,
+                "meets_target": True,
+                "num_queries": 0,
+                "query_source": "exact search (gallery below brute_force_below)",
+            }
         np.save(os.path.join(tmp, EMBEDDINGS_FILE), x)
         np.save(os.path.join(tmp, IDS_FILE), ids)
         manifest = {
@@ -163,19 +192,37 @@ def build_index(embeddings, ids, export_dir: str, version: int | None = None, *,
             "version": int(version),
             "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "build_seconds": round(time.time() - start, 3),
-            "model": {"fingerprint": meta["fingerprint"], "export_id": meta["export_id"],
-                      "embedding_dim": meta["embedding_dim"], "normalization": meta.get("normalization", "l2"),
-                      "logit_scale": meta.get("logit_scale")},
+            "model": {
+                "fingerprint": meta["fingerprint"],
+                "export_id": meta["export_id"],
+                "embedding_dim": meta["embedding_dim"],
+                "normalization": meta.get("normalization", "l2"),
+                "logit_scale": meta.get("logit_scale"),
+            },
             "score": "cosine similarity q.x of unit vectors",
             "num_items": n,
-            "ids": {"file": IDS_FILE, "dtype": "int64", "count": n, "sha256": ids_digest(ids),
-                    "min": int(ids.min()), "max": int(ids.max())},
-            "embeddings": {"file": EMBEDDINGS_FILE, "dtype": "float32", "order": "leaf" if kind == "scann" else "input"},
+            "ids": {
+                "file": IDS_FILE,
+                "dtype": "int64",
+                "count": n,
+                "sha256": ids_digest(ids),
+                "min": int(ids.min()),
+                "max": int(ids.max()),
+            },
+            "embeddings": {
+                "file": EMBEDDINGS_FILE,
+                "dtype": "float32",
+                "order": "leaf" if kind == "scann" else "input",
+            },
             "kind": kind,
             "brute_force_below": brute_force_below,
             "params": params_out,
-            "threshold_search": {"method": "exact: ball-bounded k-means leaves + exact re-scoring" if kind == "scann"
-                                 else "exact: brute force", "file": PARTITIONS_FILE if kind == "scann" else None},
+            "threshold_search": {
+                "method": "exact: ball-bounded k-means leaves + exact re-scoring"
+                if kind == "scann"
+                else "exact: brute force",
+                "file": PARTITIONS_FILE if kind == "scann" else None,
+            },
             "ann": recall_info,
             "thresholds": {"threshold_at_precision": normalize_thresholds(thresholds)},
             "gallery": gallery_info or {},
@@ -183,4 +230,3 @@ def build_index(embeddings, ids, export_dir: str, version: int | None = None, *,
         layout.write_json(os.path.join(tmp, layout.INDEX_MANIFEST), manifest)
         GalleryIndex.load(tmp, expected_model=meta, mmap=True)  # the folder must load before it is published
     return manifest
-

@@ -14,6 +14,7 @@ hidden temporary folder, never a partial version, and earlier versions untouched
 A version counts as *complete* only when both encoders carry the same ``export_id``; readers use
 :func:`complete_versions`, so even a crash between the two renames never exposes a half export.
 """
+
 from __future__ import annotations
 
 import json
@@ -62,7 +63,9 @@ def export_metadata(export_dir: str, part: str, version: int) -> dict:
 def complete_versions(export_dir: str) -> list[int]:
     """Versions present for both encoders with matching ``export_id`` (ascending)."""
     complete = []
-    for v in sorted(set(versions(os.path.join(export_dir, TEXT_ENCODER))) & set(versions(os.path.join(export_dir, IMAGE_ENCODER)))):
+    for v in sorted(
+        set(versions(os.path.join(export_dir, TEXT_ENCODER))) & set(versions(os.path.join(export_dir, IMAGE_ENCODER)))
+    ):
         try:
             ids = {export_metadata(export_dir, part, v).get("export_id") for part in (TEXT_ENCODER, IMAGE_ENCODER)}
         except (FileNotFoundError, json.JSONDecodeError):
@@ -75,7 +78,11 @@ def complete_versions(export_dir: str) -> list[int]:
 def servable_versions(export_dir: str) -> list[int]:
     """Complete encoder versions that also have an index: what a searcher can serve (ascending)."""
     indexed = set(versions(os.path.join(export_dir, INDEX)))
-    return [v for v in complete_versions(export_dir) if v in indexed and os.path.isfile(os.path.join(version_dir(export_dir, INDEX, v), INDEX_MANIFEST))]
+    return [
+        v
+        for v in complete_versions(export_dir)
+        if v in indexed and os.path.isfile(os.path.join(version_dir(export_dir, INDEX, v), INDEX_MANIFEST))
+    ]
 
 
 def next_version(export_dir: str) -> int:

@@ -4,6 +4,7 @@ Counters ``ce_requests_total{path,status}``, a latency histogram ``ce_request_se
 buckets, ``_sum`` and ``_count`` as Prometheus expects), and gauges set by the service (served version,
 gallery size, in-flight requests, reloads). No client library is needed: the format is plain text.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -14,8 +15,9 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 
 
 def _labels(**kw) -> str:
-    inner = ",".join(f'{k}="{str(v).replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"'
-                     for k, v in kw.items())
+    inner = ",".join(
+        f'{k}="{str(v).replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"' for k, v in kw.items()
+    )
     return "{" + inner + "}" if inner else ""
 
 
@@ -50,12 +52,18 @@ class Metrics:
 
     def requests(self, path: str | None = None, status: int | None = None) -> int:
         with self._lock:
-            return sum(c for (p, s), c in self._requests.items()
-                       if (path is None or p == path) and (status is None or s == status))
+            return sum(
+                c
+                for (p, s), c in self._requests.items()
+                if (path is None or p == path) and (status is None or s == status)
+            )
 
     def render(self) -> str:
         with self._lock:
-            lines = ["# HELP ce_requests_total HTTP requests by path and status code.", "# TYPE ce_requests_total counter"]
+            lines = [
+                "# HELP ce_requests_total HTTP requests by path and status code.",
+                "# TYPE ce_requests_total counter",
+            ]
             for (path, status), count in sorted(self._requests.items()):
                 lines.append(f"ce_requests_total{_labels(path=path, status=status)} {count}")
             lines += ["# HELP ce_request_seconds Request latency in seconds.", "# TYPE ce_request_seconds histogram"]

@@ -14,6 +14,7 @@ When the bounds admit most leaves (diffuse data, low tau) the batch falls back t
 
 Members of a leaf are stored contiguously (the index keeps the gallery in leaf order), so a leaf is a slice.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -57,12 +58,13 @@ class BallPartitions:
 def _assign(x: np.ndarray, unit_centers: np.ndarray, chunk: int = 65536) -> np.ndarray:
     out = np.empty(len(x), dtype=np.int64)
     for s in range(0, len(x), chunk):
-        out[s:s + chunk] = np.argmax(x[s:s + chunk] @ unit_centers.T, axis=1)
+        out[s : s + chunk] = np.argmax(x[s : s + chunk] @ unit_centers.T, axis=1)
     return out
 
 
-def spherical_kmeans(x: np.ndarray, num_leaves: int, *, iterations: int = 8, sample_size: int = 100_000,
-                     seed: int = 0) -> np.ndarray:
+def spherical_kmeans(
+    x: np.ndarray, num_leaves: int, *, iterations: int = 8, sample_size: int = 100_000, seed: int = 0
+) -> np.ndarray:
     """Unit-norm centroids [num_leaves, d] fitted on a sample of ``x`` (assignment by largest dot product)."""
     rng = np.random.default_rng(seed)
     sample = x[rng.choice(len(x), size=min(len(x), sample_size), replace=False)]
@@ -93,14 +95,18 @@ def build_partitions(x: np.ndarray, num_leaves: int, *, seed: int = 0) -> tuple[
     leaf_of_row = np.repeat(np.arange(len(counts)), counts)
     dists = np.empty(len(xs), dtype=np.float32)
     for s in range(0, len(xs), 65536):
-        dists[s:s + 65536] = np.linalg.norm(xs[s:s + 65536] - means[leaf_of_row[s:s + 65536]], axis=1)
+        dists[s : s + 65536] = np.linalg.norm(xs[s : s + 65536] - means[leaf_of_row[s : s + 65536]], axis=1)
     radii = np.maximum.reduceat(dists, offsets[:-1])
     return order, BallPartitions(offsets, means.astype(np.float32), radii.astype(np.float32))
 
 
-def threshold_search(queries: np.ndarray, gallery: np.ndarray, threshold: float,
-                     partitions: BallPartitions | None = None, query_batch: int = 64,
-                     ) -> tuple[list[np.ndarray], list[np.ndarray], int]:
+def threshold_search(
+    queries: np.ndarray,
+    gallery: np.ndarray,
+    threshold: float,
+    partitions: BallPartitions | None = None,
+    query_batch: int = 64,
+) -> tuple[list[np.ndarray], list[np.ndarray], int]:
     """Exact: for each query, rows of ``gallery`` with ``q.x >= threshold``, sorted by score (descending).
 
     Returns ``(rows, scores, scored)`` where ``scored`` counts the exact dot products computed (for stats).
@@ -112,14 +118,16 @@ def threshold_search(queries: np.ndarray, gallery: np.ndarray, threshold: float,
     scores: list[np.ndarray] = []
     scored = 0
     for b in range(0, len(queries), query_batch):
-        q = queries[b:b + query_batch]
+        q = queries[b : b + query_batch]
         hit_q, hit_row, hit_s = [], [], []
         cand = None if partitions is None else partitions.candidate_leaves(q, threshold)
         if cand is None or cand.mean() > _BRUTE_FORCE_ABOVE:  # brute force, chunked
             work = [(np.arange(len(q)), s, min(len(gallery), s + 65536)) for s in range(0, len(gallery), 65536)]
         else:  # each surviving (leaf, queries) pair: only the queries whose bounds admit the leaf
-            work = [(np.flatnonzero(cand[:, leaf]), partitions.offsets[leaf], partitions.offsets[leaf + 1])
-                    for leaf in np.flatnonzero(cand.any(axis=0))]
+            work = [
+                (np.flatnonzero(cand[:, leaf]), partitions.offsets[leaf], partitions.offsets[leaf + 1])
+                for leaf in np.flatnonzero(cand.any(axis=0))
+            ]
         for qi, s, e in work:
             block = q[qi] @ gallery[s:e].T
             scored += block.size
@@ -134,6 +142,6 @@ def threshold_search(queries: np.ndarray, gallery: np.ndarray, threshold: float,
         hq, hr, hs = hq[order], hr[order], hs[order]
         bounds = np.searchsorted(hq, np.arange(len(q) + 1))
         for i in range(len(q)):
-            rows.append(hr[bounds[i]:bounds[i + 1]])
-            scores.append(hs[bounds[i]:bounds[i + 1]].astype(np.float32))
+            rows.append(hr[bounds[i] : bounds[i + 1]])
+            scores.append(hs[bounds[i] : bounds[i + 1]].astype(np.float32))
     return rows, scores, scored

@@ -13,6 +13,7 @@ Scores are the calibrated cosine similarities; each hit also reports the highest
 its score clears (``precision_level``), so a client can read a score as "at least 90 % of pairs this high
 were relevant on validation data".
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -34,9 +35,14 @@ class QueryResult:
     truncated: bool = False  # threshold search returned more than ``limit`` hits; only the best are kept
 
     def to_json(self) -> dict:
-        return {"hits": [{"id": int(i), "score": round(float(s), 6), "precision_level": p}
-                         for i, s, p in zip(self.ids, self.scores, self.precision_levels, strict=True)],
-                "num_hits": int(len(self.ids)), "truncated": self.truncated}
+        return {
+            "hits": [
+                {"id": int(i), "score": round(float(s), 6), "precision_level": p}
+                for i, s, p in zip(self.ids, self.scores, self.precision_levels, strict=True)
+            ],
+            "num_hits": int(len(self.ids)),
+            "truncated": self.truncated,
+        }
 
 
 def _validate_texts(texts) -> list[str]:
@@ -68,8 +74,10 @@ class Searcher:
         servable = layout.servable_versions(export_dir)
         if version is None:
             if not servable:
-                raise FileNotFoundError(f"{export_dir} has no version with both encoders and an index "
-                                        "(run `ce-retrieval export` and `ce-retrieval index`)")
+                raise FileNotFoundError(
+                    f"{export_dir} has no version with both encoders and an index "
+                    "(run `ce-retrieval export` and `ce-retrieval index`)"
+                )
             version = servable[-1]
         elif version not in servable:
             raise FileNotFoundError(f"version {version} of {export_dir} is not servable; servable: {servable}")
@@ -84,8 +92,10 @@ class Searcher:
             got = fn(**{TEXT_INPUT: tf.constant(probe["texts"])})["embedding"].numpy()
             want = np.asarray(probe["text_embeddings"], dtype=np.float32)
             if got.shape != want.shape or not np.allclose(got, want, atol=PROBE_ATOL):
-                raise IndexMismatchError(f"text_encoder/{version} does not reproduce the probe embeddings recorded "
-                                         "at export: the SavedModel was changed or is corrupt")
+                raise IndexMismatchError(
+                    f"text_encoder/{version} does not reproduce the probe embeddings recorded "
+                    "at export: the SavedModel was changed or is corrupt"
+                )
         return searcher
 
     @property
@@ -99,14 +109,18 @@ class Searcher:
         from ce_retrieval.serving.export import TEXT_INPUT
 
         texts = _validate_texts(texts)
-        out = [self._text_fn(**{TEXT_INPUT: tf.constant(texts[i:i + batch_size], dtype=tf.string)})["embedding"].numpy()
-               for i in range(0, len(texts), batch_size)]
+        out = [
+            self._text_fn(**{TEXT_INPUT: tf.constant(texts[i : i + batch_size], dtype=tf.string)})["embedding"].numpy()
+            for i in range(0, len(texts), batch_size)
+        ]
         return np.concatenate(out, axis=0) if out else np.zeros((0, self.index.dim), np.float32)
 
     def threshold_for_precision(self, precision: float) -> float:
         key = float(precision)
         if key not in self.thresholds:
-            available = ", ".join(format(p, "g") for p in sorted(self.thresholds)) or "none (index built without calibration)"
+            available = (
+                ", ".join(format(p, "g") for p in sorted(self.thresholds)) or "none (index built without calibration)"
+            )
             raise ValueError(f"no calibrated threshold for precision {precision:g}; available: {available}")
         return self.thresholds[key]
 
@@ -114,16 +128,30 @@ class Searcher:
         levels = sorted(self.thresholds.items())
         return [max((p for p, t in levels if s >= t), default=None) for s in np.asarray(scores).tolist()]
 
-    def search(self, texts, k: int | None = None, *, threshold: float | None = None, precision: float | None = None,
-               limit: int | None = None) -> list[QueryResult]:
+    def search(
+        self,
+        texts,
+        k: int | None = None,
+        *,
+        threshold: float | None = None,
+        precision: float | None = None,
+        limit: int | None = None,
+    ) -> list[QueryResult]:
         """One :class:`QueryResult` per text: top ``k``, or every item with score >= ``threshold`` (or the
         calibrated threshold for ``precision``). ``limit`` caps threshold results (best first; ``truncated``)."""
         if sum(x is not None for x in (k, threshold, precision)) != 1:
             raise ValueError("give exactly one of k, threshold or precision")
         return self.search_embeddings(self.embed(texts), k, threshold=threshold, precision=precision, limit=limit)
 
-    def search_embeddings(self, queries: np.ndarray, k: int | None = None, *, threshold: float | None = None,
-                          precision: float | None = None, limit: int | None = None) -> list[QueryResult]:
+    def search_embeddings(
+        self,
+        queries: np.ndarray,
+        k: int | None = None,
+        *,
+        threshold: float | None = None,
+        precision: float | None = None,
+        limit: int | None = None,
+    ) -> list[QueryResult]:
         if precision is not None:
             threshold = self.threshold_for_precision(precision)
         if k is not None:
@@ -138,4 +166,3 @@ class Searcher:
             i, s = (i[:limit], s[:limit]) if cut else (i, s)
             out.append(QueryResult(i, s, self.precision_levels(s), truncated=bool(cut)))
         return out
-

@@ -141,9 +141,20 @@ def _parse_search(body: bytes, searcher, limits: dict) -> dict:
     return out
 
 
-def create_app(export_dir: str, *, max_texts: int = 64, max_k: int = 1000, max_results: int = 1000,
-               max_text_chars: int = 2000, max_body_bytes: int = 1 << 20, timeout_s: float = 5.0,
-               reload_interval_s: float = 10.0, max_concurrency: int = 8, default_k: int = 10, loader=None):
+def create_app(
+    export_dir: str,
+    *,
+    max_texts: int = 64,
+    max_k: int = 1000,
+    max_results: int = 1000,
+    max_text_chars: int = 2000,
+    max_body_bytes: int = 1 << 20,
+    timeout_s: float = 5.0,
+    reload_interval_s: float = 10.0,
+    max_concurrency: int = 8,
+    default_k: int = 10,
+    loader=None,
+):
     """The FastAPI application; artefacts load at start-up and reload when a newer version appears."""
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, PlainTextResponse
@@ -151,8 +162,13 @@ def create_app(export_dir: str, *, max_texts: int = 64, max_k: int = 1000, max_r
 
     metrics = Metrics()
     holder = SearcherHolder(export_dir, metrics, loader)
-    limits = {"max_texts": max_texts, "max_k": max_k, "max_results": max_results, "max_text_chars": max_text_chars,
-              "default_k": default_k}
+    limits = {
+        "max_texts": max_texts,
+        "max_k": max_k,
+        "max_results": max_results,
+        "max_text_chars": max_text_chars,
+        "default_k": default_k,
+    }
     stop = threading.Event()
 
     def watch():
@@ -209,22 +225,34 @@ def create_app(export_dir: str, *, max_texts: int = 64, max_k: int = 1000, max_r
         except RequestError as exc:
             return error(exc.status, exc.reason)
         start = time.perf_counter()
+
         async def run_search():
             async with gate:
-                return await run_in_threadpool(searcher.search, req["texts"], req["k"], threshold=req["threshold"],
-                                               precision=req["precision"], limit=req["limit"])
+                return await run_in_threadpool(
+                    searcher.search,
+                    req["texts"],
+                    req["k"],
+                    threshold=req["threshold"],
+                    precision=req["precision"],
+                    limit=req["limit"],
+                )
 
         try:
             results = await asyncio.wait_for(run_search(), timeout_s)
         except asyncio.TimeoutError:
             metrics.inc("ce_search_timeouts_total")
             return error(504, f"search did not finish within {timeout_s:g} s")
-        payload = {"version": searcher.version, "took_ms": round(1000 * (time.perf_counter() - start), 3),
-                   "results": [dict(text=t, **r.to_json()) for t, r in zip(req["texts"], results, strict=True)]}
+        payload = {
+            "version": searcher.version,
+            "took_ms": round(1000 * (time.perf_counter() - start), 3),
+            "results": [dict(text=t, **r.to_json()) for t, r in zip(req["texts"], results, strict=True)],
+        }
         if req["k"] is not None:
             payload["k"] = req["k"]
         else:
-            payload["threshold"] = req["threshold"] if req["precision"] is None else searcher.threshold_for_precision(req["precision"])
+            payload["threshold"] = (
+                req["threshold"] if req["precision"] is None else searcher.threshold_for_precision(req["precision"])
+            )
             if req["precision"] is not None:
                 payload["precision"] = req["precision"]
         return JSONResponse(payload)
@@ -234,8 +262,15 @@ def create_app(export_dir: str, *, max_texts: int = 64, max_k: int = 1000, max_r
         s = holder.searcher
         if s is None:
             return JSONResponse({"status": "loading", "error": holder.last_error}, status_code=503)
-        return {"status": "ok", "version": s.version, "gallery_size": len(s.index), "index": s.index.manifest["kind"],
-                "embedding_dim": s.index.dim, "calibrated_precisions": sorted(s.thresholds), "last_error": holder.last_error}
+        return {
+            "status": "ok",
+            "version": s.version,
+            "gallery_size": len(s.index),
+            "index": s.index.manifest["kind"],
+            "embedding_dim": s.index.dim,
+            "calibrated_precisions": sorted(s.thresholds),
+            "last_error": holder.last_error,
+        }
 
     @app.get("/metrics")
     async def prometheus():
@@ -275,4 +310,3 @@ def serve_in_thread(app, host: str = "127.0.0.1", port: int = 0, startup_timeout
     finally:
         server.should_exit = True
         thread.join(timeout=30)
-

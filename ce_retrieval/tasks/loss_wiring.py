@@ -11,6 +11,7 @@ In the two-tower model the columns of S are the batch's images. Proxy losses (``
 one centre per image (so SoftTriple's ``proxies_per_class`` is 1); losses that need a Gram matrix of one
 embedding set (``needs_gram``) are given the joint Gram matrix of ``[text; image]`` by the model.
 """
+
 from __future__ import annotations
 
 from ce_retrieval import losses

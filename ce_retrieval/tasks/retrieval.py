@@ -13,6 +13,7 @@ batch; the loss returns ``L / R`` in a replica context and Keras sums the replic
 exactly ``dL/dθ`` (``docs/architecture.md``). The task builds every loss through the same base class, so this
 holds for every registered loss; :meth:`RetrievalTask.describe` reports it with the replica count.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -80,6 +81,7 @@ class RetrievalTask:
             text_optimizer=text_optimizer,
             image_optimizer=image_optimizer,
             jit_compile=self.config.train.jit_compile,
+            on_bad_batch=self.config.train.on_bad_batch,
         )
         return model
 

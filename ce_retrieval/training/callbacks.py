@@ -4,6 +4,7 @@ Atomicity: :class:`tf.train.CheckpointManager` writes a checkpoint's data files 
 the small ``checkpoint`` state file (atomically, via a temporary file and rename), so a process killed while
 saving leaves the previous checkpoint as the one that ``tf.train.latest_checkpoint`` returns.
 """
+
 from __future__ import annotations
 
 import json
@@ -86,5 +87,7 @@ class WeightsCheckpoint(tf.keras.callbacks.Callback):
             path = managers["best"].save(checkpoint_number=epoch + 1)
             atomic_write_text(
                 os.path.join(self.directory, "best", "best.json"),
-                json.dumps({"epoch": epoch + 1, "monitor": self.monitor, "value": value, "path": os.path.basename(path)}),
+                json.dumps(
+                    {"epoch": epoch + 1, "monitor": self.monitor, "value": value, "path": os.path.basename(path)}
+                ),
             )

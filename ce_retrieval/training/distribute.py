@@ -10,6 +10,7 @@
 * ``tpu``: ``TPUStrategy`` from ``TPUClusterResolver(tpu=...)``. This path is configured but cannot be tested
   on this project's CI (no TPU): it follows the documented TF 2.20 recipe.
 """
+
 from __future__ import annotations
 
 import json

@@ -9,6 +9,7 @@ The program is the same under every strategy (Model Garden style: a strategy sco
 killed run restarts where the last backup left it, same total step count), ``checkpoints/{latest,best}/``
 (atomic weight checkpoints), ``logs/`` (TensorBoard), ``train_summary.json``.
 """
+
 from __future__ import annotations
 
 import json
@@ -94,7 +95,8 @@ def train(cfg, model_dir: str, extra_callbacks=(), print_fn=print) -> dict:
     ]
     if print_fn and distribute.is_chief():
         print_fn(
-            f"[train] {cfg.name}: {task.describe(model, strategy)}, policy {policy}, global batch {cfg.train.batch_size}, "
+            f"[train] {cfg.name}: {task.describe(model, strategy)}, policy {policy}, "
+            f"global batch {cfg.train.batch_size}, "
             f"{cfg.train.epochs} epochs x {spe} steps"
         )
     start = time.perf_counter()

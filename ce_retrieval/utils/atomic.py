@@ -15,6 +15,7 @@ leading dot keeps them out of ``glob`` patterns and TF Serving's numeric version
 A written file gets the permissions a plain ``open(path, "w")`` gives (0666 less the umask), not
 ``tempfile.mkstemp``'s owner-only 0600, so a reader running as another user (TF Serving) can read it.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -89,7 +90,9 @@ def publish_directory(temp_dir: str, final_dir: str, *, overwrite: bool = False)
     aside = None
     if os.path.exists(final_dir):
         if not overwrite:
-            raise FileExistsError(f"{final_dir} already exists; versions are immutable (pick a new version or overwrite=True)")
+            raise FileExistsError(
+                f"{final_dir} already exists; versions are immutable (pick a new version or overwrite=True)"
+            )
         aside = temp_dir_for(final_dir) + "-old"
         os.rename(final_dir, aside)
     try:

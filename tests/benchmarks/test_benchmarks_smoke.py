@@ -1,29 +1,20 @@
 """The benchmark scripts run end to end on tiny sizes (their figures live in BENCHMARKS.md; here only that every
 registered loss gets a row and a finite ratio, so a new loss cannot silently break the benchmark)."""
-import importlib.util
+
 import math
-import pathlib
-import sys
 
 import pytest
+from bench_loader import load_benchmark
 
 from ce_retrieval import losses
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
-
 
 def test_losses_benchmark_covers_every_registered_loss(capsys):
-    bench = _load("losses")
+    bench = load_benchmark("losses")
     assert bench.main(["--sizes", "32", "--modes", "function", "--repeats", "1"]) == 0
-    rows = [line.split("|") for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "---" not in line]
+    rows = [
+        line.split("|") for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "---" not in line
+    ]
     ratios = {cells[1].strip(): cells[5].strip() for cells in rows[1:]}
     assert set(ratios) == set(losses.available())
     for name, ratio in ratios.items():
@@ -31,8 +22,18 @@ def test_losses_benchmark_covers_every_registered_loss(capsys):
 
 
 def test_dml_pairs_benchmark_runs(capsys, monkeypatch):
-    bench = _load("dml_pairs_check")
-    argv = ["dml_pairs_check.py", "--n", "32", "--repeats", "1", "--per-class", "4", "--only", "TripletLoss(all),+npair"]
+    bench = load_benchmark("dml_pairs_check")
+    argv = [
+        "dml_pairs_check.py",
+        "--n",
+        "32",
+        "--repeats",
+        "1",
+        "--per-class",
+        "4",
+        "--only",
+        "TripletLoss(all),+npair",
+    ]
     monkeypatch.setattr("sys.argv", argv)
     bench.main()
     out = capsys.readouterr().out
@@ -45,7 +46,7 @@ def test_paper_tables_smoke_writes_every_artefact(tmp_path):
     both sweeps, the figures) on tiny sizes."""
     import json
 
-    bench = _load("paper_tables")
+    bench = load_benchmark("paper_tables")
     assert bench.main(["--smoke", "--out", str(tmp_path)]) == 0
     table = (tmp_path / "table.md").read_text()
     for loss in bench.PAPER_LOSSES:

@@ -1,36 +1,33 @@
 """End to end (``benchmarks/dml_comparison.py``): training a small embedding with each proxy loss improves
 Recall@1, MAP@R and NMI on unseen classes (NCA and LMNN are exercised end to end through model.fit in
 test_dml_proxy_layers.py)."""
-import importlib.util
-import pathlib
-import sys
 
 import pytest
+from bench_loader import load_benchmark
 
 from ce_retrieval.losses import SoftTripleLoss
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
-
-
-dml_comparison = _load("dml_comparison")
+dml_comparison = load_benchmark("dml_comparison")
 compare_losses, format_table = dml_comparison.compare_losses, dml_comparison.format_table
-make_labelled_data = _load("toy_data").make_labelled_data
+make_labelled_data = load_benchmark("toy_data").make_labelled_data
 
 
 @pytest.mark.slow
 def test_proxy_losses_improve_recall_and_nmi():
     data = make_labelled_data(num_classes=12, per_class=24, nuisance_scale=1.5, noise=0.4, seed=2)
     losses = ["ProxyNCALoss", "ProxyAnchorLoss", SoftTripleLoss(proxies_per_class=2), "CentroidUpperBoundLoss"]
-    results = compare_losses(losses, data=data, steps=400, split="classes", learning_rate=1e-2,
-                             proxy_lr_multiplier=1.0, embedding_dim=8, hidden=32, classes_per_batch=6, seed=2)
+    results = compare_losses(
+        losses,
+        data=data,
+        steps=400,
+        split="classes",
+        learning_rate=1e-2,
+        proxy_lr_multiplier=1.0,
+        embedding_dim=8,
+        hidden=32,
+        classes_per_batch=6,
+        seed=2,
+    )
     base = results["untrained"]
     for name in ("ProxyNCALoss", "ProxyAnchorLoss", "SoftTripleLoss", "CentroidUpperBoundLoss"):
         assert results[name]["recall@1"] > base["recall@1"] + 0.15, (name, results[name], base)

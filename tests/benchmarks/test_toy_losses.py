@@ -1,24 +1,11 @@
 """Behaviour: every loss of the softmax family trains the toy embedding of ``benchmarks/toy_losses.py`` (recall@1
 rises well above chance), and the script's command line runs it."""
-import importlib.util
-import pathlib
-import sys
 
 import pytest
 import tensorflow as tf
+from bench_loader import load_benchmark
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
-
-
-toy_losses = _load("toy_losses")
+toy_losses = load_benchmark("toy_losses")
 
 FAMILY = [
     "SampledSoftmax",

@@ -1,4 +1,5 @@
 """The config machinery: strict YAML loading, type coercion, overrides, atomic save."""
+
 import dataclasses
 
 import pytest

@@ -1,4 +1,5 @@
 """tf.data pipelines over the synthetic set, the disk cache, and vocab_path_for."""
+
 import numpy as np
 import pytest
 import tensorflow as tf

@@ -1,4 +1,5 @@
 """P x K sampler: batch composition, determinism, uniformity, errors, replacement, dict elements."""
+
 import numpy as np
 import pytest
 import tensorflow as tf

@@ -1,4 +1,5 @@
 """Karpathy JSON, Conceptual Captions TSV and TFRecord loaders on tiny fixtures, incl. corrupt rows."""
+
 import io
 import json
 import logging
@@ -47,17 +48,40 @@ def karpathy(tmp_path):
     def sents(*raws):
         return [{"raw": r, "tokens": str(r).split()} for r in raws]
 
-    index = {"images": [
-        {"filepath": "train2014", "filename": "a.jpg", "split": "train", "imgid": 10,
-         "sentences": sents("a red square", "red block", "", "a crimson tile")},
-        {"filepath": "val2014", "filename": "b.jpg", "split": "restval", "imgid": 11,
-         "sentences": sents("a green square", "green tile")},
-        {"filepath": "val2014", "filename": "c.png", "split": "test", "imgid": 12,
-         "sentences": sents("a blue square", "blue tile", "navy block")},
-        {"filepath": "val2014", "filename": "d.png", "split": "val", "imgid": 13, "sentences": sents("dark square")},
-        {"filepath": "val2014", "filename": "missing.jpg", "split": "train", "imgid": 14, "sentences": sents("x")},
-        {"filepath": "val2014", "filename": "broken.jpg", "split": "train", "imgid": 15, "sentences": sents("y")},
-    ]}
+    index = {
+        "images": [
+            {
+                "filepath": "train2014",
+                "filename": "a.jpg",
+                "split": "train",
+                "imgid": 10,
+                "sentences": sents("a red square", "red block", "", "a crimson tile"),
+            },
+            {
+                "filepath": "val2014",
+                "filename": "b.jpg",
+                "split": "restval",
+                "imgid": 11,
+                "sentences": sents("a green square", "green tile"),
+            },
+            {
+                "filepath": "val2014",
+                "filename": "c.png",
+                "split": "test",
+                "imgid": 12,
+                "sentences": sents("a blue square", "blue tile", "navy block"),
+            },
+            {
+                "filepath": "val2014",
+                "filename": "d.png",
+                "split": "val",
+                "imgid": 13,
+                "sentences": sents("dark square"),
+            },
+            {"filepath": "val2014", "filename": "missing.jpg", "split": "train", "imgid": 14, "sentences": sents("x")},
+            {"filepath": "val2014", "filename": "broken.jpg", "split": "train", "imgid": 15, "sentences": sents("y")},
+        ]
+    }
     path = tmp_path / "dataset_coco.json"
     path.write_text(json.dumps(index))
     return DataConfig(name="karpathy", karpathy_json=str(path), image_root=str(root))
@@ -124,7 +148,11 @@ def cc_tsv(tmp_path):
 
 def test_cc_tsv_counts_and_skips(cc_tsv):
     examples = list(load_examples(cc_tsv, "val").as_numpy_iterator())
-    assert [e["caption"].decode() for e in examples] == ["a red photo", "a green photo from the web", "the red photo again"]
+    assert [e["caption"].decode() for e in examples] == [
+        "a red photo",
+        "a green photo from the web",
+        "the red photo again",
+    ]
     assert [int(e["image_id"]) for e in examples] == [0, 1, 5]  # data-row indices
     report = load_report(cc_tsv, "val")
     assert report.rows == 9 and report.bad_rows == 4 and report.corrupt_images == 1 and report.missing_images == 1
@@ -147,8 +175,9 @@ def test_cc_tsv_fail_mode_names_the_row(cc_tsv):
 
 
 def test_tfrecord_round_trip_with_shards(tmp_path):
-    examples = [{"caption": f"caption {i}", "image": _image_bytes((i * 20, 0, 0)), "image_id": 100 + i // 2}
-                for i in range(7)]
+    examples = [
+        {"caption": f"caption {i}", "image": _image_bytes((i * 20, 0, 0)), "image_id": 100 + i // 2} for i in range(7)
+    ]
     paths = write_tfrecords(examples, str(tmp_path / "tf" / "train"), num_shards=3)
     assert len(paths) == 3 and all(p.endswith("-of-00003") for p in paths)
     dataset, report = read_tfrecords(str(tmp_path / "tf" / "train-*"))
@@ -165,10 +194,12 @@ def test_tfrecord_round_trip_with_shards(tmp_path):
 
 def test_tfrecord_corrupt_records_skip_or_fail(tmp_path):
     good = _image_bytes((1, 2, 3))
-    rows = [{"caption": "ok one", "image": good, "image_id": 1},
-            {"caption": "bad image", "image": b"not an image", "image_id": 2},
-            {"caption": b"\xff\xfe", "image": good, "image_id": 3},
-            {"caption": "ok two", "image": good, "image_id": 4}]
+    rows = [
+        {"caption": "ok one", "image": good, "image_id": 1},
+        {"caption": "bad image", "image": b"not an image", "image_id": 2},
+        {"caption": b"\xff\xfe", "image": good, "image_id": 3},
+        {"caption": "ok two", "image": good, "image_id": 4},
+    ]
     with pytest.raises(DataError, match="example 1"):
         write_tfrecords(rows, str(tmp_path / "strict"), num_shards=1)
     write_tfrecords(rows, str(tmp_path / "loose"), num_shards=1, validate=False)
@@ -185,5 +216,9 @@ def test_tfrecord_corrupt_records_skip_or_fail(tmp_path):
     cfg.skip_corrupt = False
     with pytest.raises(DataError, match=r"loose-00000-of-00001 record 1: undecodable image"):
         load_examples(cfg, "val")
-    assert np.array_equal(load_retrieval_split(DataConfig(name="tfrecord", tfrecord_pattern=SplitPaths(
-        val=str(tmp_path / "loose-*"))), "val").image_ids, [1, 4])
+    assert np.array_equal(
+        load_retrieval_split(
+            DataConfig(name="tfrecord", tfrecord_pattern=SplitPaths(val=str(tmp_path / "loose-*"))), "val"
+        ).image_ids,
+        [1, 4],
+    )

@@ -1,4 +1,5 @@
 """The synthetic image-caption set: determinism, splits, captions that describe the pixels, hardness."""
+
 import io
 import re
 from collections import defaultdict

@@ -1,4 +1,5 @@
 """The synthetic set written in each real format reads back as the same examples through the real loaders."""
+
 import numpy as np
 import pytest
 
@@ -21,12 +22,15 @@ def test_export_reads_back_identically(tmp_path, fmt):
             by_bytes = dict(zip(want.images, want.image_ids.tolist(), strict=True))
             got_ids = dict(zip(got.image_ids.tolist(), got.images, strict=True))
             mapped = [by_bytes[got_ids[i]] for i in got.caption_ids.tolist()]
-            assert sorted(zip(got.captions, mapped, strict=True)) == sorted(zip(want.captions, want.caption_ids.tolist(), strict=True))
+            assert sorted(zip(got.captions, mapped, strict=True)) == sorted(
+                zip(want.captions, want.caption_ids.tolist(), strict=True)
+            )
         else:
             assert np.array_equal(got.image_ids[order], want.image_ids)
             assert [got.images[i] for i in order] == want.images
             assert sorted(zip(got.captions, got.caption_ids.tolist(), strict=True)) == sorted(
-                zip(want.captions, want.caption_ids.tolist(), strict=True))
+                zip(want.captions, want.caption_ids.tolist(), strict=True)
+            )
     examples = list(load_examples(cfg, "val").as_numpy_iterator())
     assert len(examples) == 4 * 3 and load_report(cfg, "val").skipped == 0
 

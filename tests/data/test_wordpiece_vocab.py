@@ -1,4 +1,5 @@
 """WordPiece vocabulary building with tensorflow-text, and tokenisation with BertTokenizer."""
+
 import pytest
 
 from ce_retrieval.data.vocab import RESERVED_TOKENS, build_vocab, read_vocab, tokenizer, write_vocab

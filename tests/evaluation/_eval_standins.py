@@ -4,14 +4,21 @@ Images are 16x16 PNGs of one of eight colours (with noise); captions name the co
 text tower (hashed words -> mean embedding -> dense -> L2) and an image tower (decode -> mean colour ->
 dense -> L2) learn to match them in a few epochs.
 """
+
 import numpy as np
 import tensorflow as tf
 
 from ce_retrieval.data.schema import RetrievalSplit
 
 COLOURS = {
-    "red": (220, 30, 30), "green": (30, 200, 40), "blue": (30, 40, 220), "yellow": (230, 220, 30),
-    "purple": (140, 30, 180), "orange": (250, 140, 20), "black": (15, 15, 15), "white": (240, 240, 240),
+    "red": (220, 30, 30),
+    "green": (30, 200, 40),
+    "blue": (30, 40, 220),
+    "yellow": (230, 220, 30),
+    "purple": (140, 30, 180),
+    "orange": (250, 140, 20),
+    "black": (15, 15, 15),
+    "white": (240, 240, 240),
 }
 PHRASES = ["a {} square", "something {}", "the colour {}", "{} picture"]
 
@@ -75,8 +82,10 @@ class TwoTowerStandIn(tf.keras.Model):
         self.image_encoder = ImageStandIn(dim)
 
     def call(self, batch, training=False):
-        return {"text": self.text_encoder(batch["caption"], training=training),
-                "image": self.image_encoder(batch["image"], training=training)}
+        return {
+            "text": self.text_encoder(batch["caption"], training=training),
+            "image": self.image_encoder(batch["image"], training=training),
+        }
 
     def train_step(self, batch):
         with tf.GradientTape() as tape:

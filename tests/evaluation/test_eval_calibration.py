@@ -1,4 +1,5 @@
 """Streamed global PR-AUC against scikit-learn on the flattened pairs (exact, ties included) and brute force."""
+
 import numpy as np
 import pytest
 from sklearn.metrics import auc, average_precision_score, precision_recall_curve

@@ -1,4 +1,5 @@
 """End to end with stand-in towers: embedding, evaluate_model (JSON + plots), the callback inside fit, the CLIs."""
+
 import json
 import os
 import sys
@@ -47,14 +48,24 @@ def test_evaluate_model_writes_json_and_plots(towers, tmp_path):
     model, split = towers
     rng = np.random.default_rng(5)
     distractors = [png(rgb, rng) for rgb in COLOURS.values()] * 2
-    result = evaluate_model(model.text_encoder, model.image_encoder, split, distractor_images=distractors,
-                            output_dir=str(tmp_path), run_name="standin", config={"loss": "in-batch"}, batch_size=7)
+    result = evaluate_model(
+        model.text_encoder,
+        model.image_encoder,
+        split,
+        distractor_images=distractors,
+        output_dir=str(tmp_path),
+        run_name="standin",
+        config={"loss": "in-batch"},
+        batch_size=7,
+    )
     with open(tmp_path / "eval_val.json") as f:
         doc = json.load(f)
     assert doc["run_name"] == "standin" and doc["split"] == "val" and doc["config"] == {"loss": "in-batch"}
     assert doc["dataset_fingerprint"] == dataset_fingerprint(split) == result["dataset_fingerprint"]
     assert doc["num_distractors"] == 16 and doc["metrics"]["distractors"]["gallery_size"] == 32
-    q, d, qi, di = embed_split(model.text_encoder, model.image_encoder, split, batch_size=7)  # the batches evaluate_model used
+    q, d, qi, di = embed_split(
+        model.text_encoder, model.image_encoder, split, batch_size=7
+    )  # the batches evaluate_model used
     recall = recall_at_k(q, d, qi, di)
     cal = global_pr_auc(q, d, qi, di)
     assert doc["summary"]["t2i_r1"] == pytest.approx(recall["t2i"][1])
@@ -78,8 +89,9 @@ def test_callback_inside_fit_feeds_history_checkpoint_and_tensorboard(tmp_path):
     before.set_model(model)
     start = before.evaluate()
     callback = RetrievalEvaluationCallback(val, every_n_epochs=2, log_dir=str(tmp_path / "logs"), batch_size=8)
-    checkpoint = tf.keras.callbacks.ModelCheckpoint(str(tmp_path / "best.weights.h5"), monitor="val_pr_auc", mode="max",
-                                                    save_best_only=True, save_weights_only=True)
+    checkpoint = tf.keras.callbacks.ModelCheckpoint(
+        str(tmp_path / "best.weights.h5"), monitor="val_pr_auc", mode="max", save_best_only=True, save_weights_only=True
+    )
     history = model.fit(data, epochs=5, callbacks=[callback, checkpoint], verbose=0)
     logged = history.history
     # evaluated at epochs 2, 4 and the last (5): History only keeps keys from the first epoch on, so check logs
@@ -95,20 +107,37 @@ def test_callback_inside_fit_feeds_history_checkpoint_and_tensorboard(tmp_path):
 def test_callback_every_epoch_puts_metrics_in_history(towers):
     model, split = towers
     model.compile(optimizer=tf.keras.optimizers.Adam(0.01))
-    history = model.fit(train_dataset(split), epochs=2, callbacks=[RetrievalEvaluationCallback(split, pr_auc=False)], verbose=0)
+    history = model.fit(
+        train_dataset(split), epochs=2, callbacks=[RetrievalEvaluationCallback(split, pr_auc=False)], verbose=0
+    )
     assert len(history.history["val_rsum"]) == 2 and "val_pr_auc" not in history.history
     with pytest.raises(ValueError, match="every_n_epochs"):
         RetrievalEvaluationCallback(split, every_n_epochs=0)
 
 
 def _fake_result(path, run_name, pr_auc, r1, distractors=True):
-    summary = {"pr_auc": pr_auc, "average_precision": pr_auc, "best_f1": 0.3, "rsum": 3.0 + r1,
-               "t2i_r1": r1, "t2i_r5": 0.5, "t2i_r10": 0.6, "i2t_r1": 0.2, "i2t_r5": 0.5, "i2t_r10": 0.6}
+    summary = {
+        "pr_auc": pr_auc,
+        "average_precision": pr_auc,
+        "best_f1": 0.3,
+        "rsum": 3.0 + r1,
+        "t2i_r1": r1,
+        "t2i_r5": 0.5,
+        "t2i_r10": 0.6,
+        "i2t_r1": 0.2,
+        "i2t_r5": 0.5,
+        "i2t_r10": 0.6,
+    }
     if distractors:
         summary.update(dis_t2i_r1=0.0138, dis_t2i_r5=0.0399, dis_t2i_r10=0.0616, dis_t2i_r100=0.2044)
     curve = {"recall": [0.0, 0.5, 1.0], "precision": [1.0, pr_auc + 0.1, pr_auc]}
-    doc = {"run_name": run_name, "summary": summary, "num_distractors": 3318333 if distractors else 0,
-           "dataset_fingerprint": "abc", "metrics": {"calibration": {"pr_auc": pr_auc, "curve": curve}}}
+    doc = {
+        "run_name": run_name,
+        "summary": summary,
+        "num_distractors": 3318333 if distractors else 0,
+        "dataset_fingerprint": "abc",
+        "metrics": {"calibration": {"pr_auc": pr_auc, "curve": curve}},
+    }
     path.write_text(json.dumps(doc))
     return str(path)
 
@@ -159,10 +188,25 @@ def test_evaluate_command_with_stand_in_loaders(towers, tmp_path, monkeypatch, c
 
     monkeypatch.setattr(ce_retrieval.training, "load_trained", load_trained, raising=False)
     monkeypatch.setattr(ce_retrieval.data, "load_retrieval_split", load_retrieval_split, raising=False)
-    monkeypatch.setitem(sys.modules, "ce_retrieval.data.synthetic", types.SimpleNamespace(distractor_images=distractor_images))
+    monkeypatch.setitem(
+        sys.modules, "ce_retrieval.data.synthetic", types.SimpleNamespace(distractor_images=distractor_images)
+    )
     out_dir = tmp_path / "out"
-    code = cli.main(["evaluate", "--model_dir", str(tmp_path / "run7"), "--split", "test", "--distractors", "5",
-                     "--output_dir", str(out_dir), "--no_plots", "--ann"])
+    code = cli.main(
+        [
+            "evaluate",
+            "--model_dir",
+            str(tmp_path / "run7"),
+            "--split",
+            "test",
+            "--distractors",
+            "5",
+            "--output_dir",
+            str(out_dir),
+            "--no_plots",
+            "--ann",
+        ]
+    )
     assert code == 0 and seen["model_dir"] == str(tmp_path / "run7")
     doc = json.loads((out_dir / "eval_test.json").read_text())
     assert doc["run_name"] == "run7" and doc["num_distractors"] == 5 and doc["split"] == "test"

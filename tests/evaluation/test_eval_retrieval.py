@@ -1,4 +1,5 @@
 """Recall@K, exact chunked search and the ANN-loss helper against brute-force NumPy (stable sorts, ties included)."""
+
 import numpy as np
 import pytest
 
@@ -105,7 +106,9 @@ def test_pluggable_search_and_ann_loss(rng):
 def test_missing_results_marked_minus_one_are_misses(rng):
     d = np.eye(5, dtype=np.float32)
     ids = np.arange(5)
-    out = recall_at_k(d, d, ids, ids, ks=(1, 5), search_fn=lambda q, k: (np.full((len(q), k), -1), np.zeros((len(q), k))))
+    out = recall_at_k(
+        d, d, ids, ids, ks=(1, 5), search_fn=lambda q, k: (np.full((len(q), k), -1), np.zeros((len(q), k)))
+    )
     assert out["t2i"] == {1: 0.0, 5: 0.0} and out["i2t"][1] == 1.0
 
 
@@ -135,7 +138,9 @@ def test_scann_searcher_plugs_in(rng):
     report = ann_recall_loss(q, d, ids, ids, tree, ks=(1, 10))
     assert report["neighbour_recall"][10] > 0.7
     assert abs(report["loss"][1]) < 0.1
-    assert recall_at_k(q, d, ids, ids, search_fn=brute)["t2i"] == pytest.approx(recall_at_k(q, d, ids, ids)["t2i"], abs=0.01)
+    assert recall_at_k(q, d, ids, ids, search_fn=brute)["t2i"] == pytest.approx(
+        recall_at_k(q, d, ids, ids)["t2i"], abs=0.01
+    )
 
 
 def test_one_scann_setup_for_evaluation_and_serving(rng):

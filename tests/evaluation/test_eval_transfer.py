@@ -1,6 +1,7 @@
 """Threshold transfer (calibrated on one split, measured on another) and per-query thresholds against brute force;
 the reliability plot; the new figures in evaluate JSONs, the report (incl. the paired CE − SS difference) and the
 callback."""
+
 import json
 import math
 import os
@@ -270,9 +271,18 @@ def test_plot_reliability_writes_a_png(tmp_path):
 
 
 _NEW_SUMMARY_KEYS = {
-    "achieved_precision_0.5", "achieved_precision_0.8", "achieved_precision_0.9", "achieved_recall_0.5",
-    "achieved_recall_0.8", "achieved_recall_0.9", "calibration_error_0.5", "calibration_error_0.8",
-    "calibration_error_0.9", "mean_calibration_error", "threshold_spread", "relative_threshold_spread",
+    "achieved_precision_0.5",
+    "achieved_precision_0.8",
+    "achieved_precision_0.9",
+    "achieved_recall_0.5",
+    "achieved_recall_0.8",
+    "achieved_recall_0.9",
+    "calibration_error_0.5",
+    "calibration_error_0.8",
+    "calibration_error_0.9",
+    "mean_calibration_error",
+    "threshold_spread",
+    "relative_threshold_spread",
 }
 
 
@@ -307,12 +317,21 @@ def towers():
 def test_evaluate_model_calibrates_on_another_split(towers, tmp_path):
     model, split = towers
     val = make_split(num_images=16, captions_per_image=2, seed=3, name="synthetic/val")
-    result = evaluate_model(model.text_encoder, model.image_encoder, split, output_dir=str(tmp_path), run_name="standin",
-                            batch_size=8, calibration_split=val)
+    result = evaluate_model(
+        model.text_encoder,
+        model.image_encoder,
+        split,
+        output_dir=str(tmp_path),
+        run_name="standin",
+        batch_size=8,
+        calibration_split=val,
+    )
     doc = json.loads((tmp_path / "eval_test.json").read_text())
     source = doc["calibration_split"]
     assert source["name"] == "synthetic/val" and source["dataset_fingerprint"] == dataset_fingerprint(val)
-    assert source["same_as_evaluated"] is False and set(source["threshold_at_precision"]) == {f"{c:g}" for c in RELIABILITY_LEVELS}
+    assert source["same_as_evaluated"] is False and set(source["threshold_at_precision"]) == {
+        f"{c:g}" for c in RELIABILITY_LEVELS
+    }
     q, d, qi, di = embed_split(model.text_encoder, model.image_encoder, split, batch_size=8)
     vq, vd, vqi, vdi = embed_split(model.text_encoder, model.image_encoder, val, batch_size=8)
     expected = global_pr_auc(vq, vd, vqi, vdi, target_precisions=RELIABILITY_LEVELS)["threshold_at_precision"]
@@ -358,8 +377,12 @@ def test_evaluate_command_calibration_split_option(towers, tmp_path, monkeypatch
     def evaluate(*extra):
         loaded.clear()
         out_dir = tmp_path / f"out{len(os.listdir(tmp_path))}"
-        assert cli.main(["evaluate", "--model_dir", str(tmp_path / "m"), "--output_dir", str(out_dir), "--no_plots",
-                         *extra]) == 0
+        assert (
+            cli.main(
+                ["evaluate", "--model_dir", str(tmp_path / "m"), "--output_dir", str(out_dir), "--no_plots", *extra]
+            )
+            == 0
+        )
         return json.loads(next(out_dir.glob("eval_*.json")).read_text()), capsys.readouterr()
 
     doc, out = evaluate("--split", "test")  # default: thresholds from val
@@ -380,17 +403,37 @@ def test_evaluate_command_calibration_split_option(towers, tmp_path, monkeypatch
 
 
 def _result(path, run_name, seed, pr_auc, r1, achieved=(0.55, 0.75, 0.85), cal_error=0.03, rel_spread=0.8):
-    summary = {"pr_auc": pr_auc, "average_precision": pr_auc, "best_f1": 0.3, "rsum": 3.0, "t2i_r1": r1, "t2i_r5": 0.5,
-               "t2i_r10": 0.6, "i2t_r1": 0.2, "i2t_r5": 0.5, "i2t_r10": 0.6,
-               "achieved_precision_0.5": achieved[0], "achieved_precision_0.8": achieved[1],
-               "achieved_precision_0.9": achieved[2], "mean_calibration_error": cal_error,
-               "relative_threshold_spread": rel_spread}
-    levels = {f"{c:g}": None if a is None else {"promised": c, "precision": a}
-              for c, a in zip((0.5, 0.8, 0.9), achieved, strict=True)}
-    doc = {"run_name": run_name, "summary": summary, "split": "synthetic/test", "dataset_fingerprint": "abc",
-           "num_distractors": 0, "calibration_split": {"name": "synthetic/val"},
-           "config": {"train": {"seed": seed}} if seed is not None else {},
-           "metrics": {"calibration": {"pr_auc": pr_auc}, "transfer": {"levels": levels}}}
+    summary = {
+        "pr_auc": pr_auc,
+        "average_precision": pr_auc,
+        "best_f1": 0.3,
+        "rsum": 3.0,
+        "t2i_r1": r1,
+        "t2i_r5": 0.5,
+        "t2i_r10": 0.6,
+        "i2t_r1": 0.2,
+        "i2t_r5": 0.5,
+        "i2t_r10": 0.6,
+        "achieved_precision_0.5": achieved[0],
+        "achieved_precision_0.8": achieved[1],
+        "achieved_precision_0.9": achieved[2],
+        "mean_calibration_error": cal_error,
+        "relative_threshold_spread": rel_spread,
+    }
+    levels = {
+        f"{c:g}": None if a is None else {"promised": c, "precision": a}
+        for c, a in zip((0.5, 0.8, 0.9), achieved, strict=True)
+    }
+    doc = {
+        "run_name": run_name,
+        "summary": summary,
+        "split": "synthetic/test",
+        "dataset_fingerprint": "abc",
+        "num_distractors": 0,
+        "calibration_split": {"name": "synthetic/val"},
+        "config": {"train": {"seed": seed}} if seed is not None else {},
+        "metrics": {"calibration": {"pr_auc": pr_auc}, "transfer": {"levels": levels}},
+    }
     path.write_text(json.dumps(doc))
     return str(path)
 
@@ -398,10 +441,30 @@ def _result(path, run_name, seed, pr_auc, r1, achieved=(0.55, 0.75, 0.85), cal_e
 def _files(tmp_path, seeds_ce=(1, 2, 3), seeds_ss=(2, 1, 3)):
     ce = {1: (0.20, 0.30), 2: (0.22, 0.31), 3: (0.25, 0.29)}
     ss = {1: (0.14, 0.25), 2: (0.15, 0.26), 3: (0.18, 0.25)}
-    files = [_result(tmp_path / f"ce{s}.json", "CrossExampleSoftmax", s, *ce[s], achieved=(0.5, 0.8 - 0.01 * s, 0.9),
-                     cal_error=0.01 * s, rel_spread=0.5 + 0.1 * s) for s in seeds_ce]
-    files += [_result(tmp_path / f"ss{s}.json", "SampledSoftmax", s, *ss[s], achieved=(0.6, None, 0.7), cal_error=0.1,
-                      rel_spread=1.5) for s in seeds_ss]
+    files = [
+        _result(
+            tmp_path / f"ce{s}.json",
+            "CrossExampleSoftmax",
+            s,
+            *ce[s],
+            achieved=(0.5, 0.8 - 0.01 * s, 0.9),
+            cal_error=0.01 * s,
+            rel_spread=0.5 + 0.1 * s,
+        )
+        for s in seeds_ce
+    ]
+    files += [
+        _result(
+            tmp_path / f"ss{s}.json",
+            "SampledSoftmax",
+            s,
+            *ss[s],
+            achieved=(0.6, None, 0.7),
+            cal_error=0.1,
+            rel_spread=1.5,
+        )
+        for s in seeds_ss
+    ]
     return files
 
 
@@ -439,11 +502,18 @@ def test_report_shows_calibration_columns_paired_lines_and_reliability(tmp_path,
     assert cli.main(["report", *files, "--markdown", str(md), "--reliability", str(png)]) == 0
     out = capsys.readouterr().out
     assert "precision, val thresholds" in out and "@90%" in out and "cal.err" in out and "rel.spread" in out
+
     def cells(run):
         return re.split(r"\s{2,}", next(line for line in out.splitlines() if line.startswith(run)).strip())
 
     # @50% 50; @80% mean of 79/78/77; @90% 90; cal.err 1/2/3 points; relative spread .6/.7/.8 (a ratio, not %)
-    assert cells("CrossExampleSoftmax")[-5:] == ["50.00 ± 0.00", "78.00 ± 1.00", "90.00 ± 0.00", "2.00 ± 1.00", "0.70 ± 0.10"]
+    assert cells("CrossExampleSoftmax")[-5:] == [
+        "50.00 ± 0.00",
+        "78.00 ± 1.00",
+        "90.00 ± 0.00",
+        "2.00 ± 1.00",
+        "0.70 ± 0.10",
+    ]
     assert cells("SampledSoftmax")[-5:] == ["60.00 ± 0.00", "-", "70.00 ± 0.00", "10.00 ± 0.00", "1.50 ± 0.00"]
     assert cells("CrossExampleSoftmax")[:3] == ["CrossExampleSoftmax", "3", "22.33 ± 2.52"]  # the old columns stay
     assert "CE − SS PR AUC: +6.67 ± 0.58 points (n = 3 paired by seed, paired t-test p = 0.00249)" in out
@@ -456,7 +526,10 @@ def test_report_shows_calibration_columns_paired_lines_and_reliability(tmp_path,
 
 
 def test_report_without_the_two_runs_prints_no_paired_lines(tmp_path, capsys):
-    files = [_result(tmp_path / "a.json", "A", 1, 0.2, 0.3), _result(tmp_path / "b.json", "SampledSoftmax", 1, 0.1, 0.2)]
+    files = [
+        _result(tmp_path / "a.json", "A", 1, 0.2, 0.3),
+        _result(tmp_path / "b.json", "SampledSoftmax", 1, 0.1, 0.2),
+    ]
     assert cli.main(["report", *files]) == 0
     assert "CE − SS" not in capsys.readouterr().out
     bare = tmp_path / "bare.json"
@@ -489,10 +562,20 @@ def test_callback_logs_calibration_transfer_and_spread(towers):
     assert got["relative_threshold_spread"] == pytest.approx(spread["relative_spread"] or float("nan"), nan_ok=True)
 
     model.compile(optimizer=tf.keras.optimizers.Adam(0.01))
-    history = model.fit(train_dataset(split), epochs=1, verbose=0,
-                        callbacks=[RetrievalEvaluationCallback(split, calibration_split=cal_split)])
-    assert {"val_achieved_precision_0.5", "val_achieved_precision_0.8", "val_achieved_precision_0.9",
-            "val_mean_calibration_error", "val_threshold_spread", "val_relative_threshold_spread"} <= set(history.history)
+    history = model.fit(
+        train_dataset(split),
+        epochs=1,
+        verbose=0,
+        callbacks=[RetrievalEvaluationCallback(split, calibration_split=cal_split)],
+    )
+    assert {
+        "val_achieved_precision_0.5",
+        "val_achieved_precision_0.8",
+        "val_achieved_precision_0.9",
+        "val_mean_calibration_error",
+        "val_threshold_spread",
+        "val_relative_threshold_spread",
+    } <= set(history.history)
 
 
 def test_callback_without_calibration_split_logs_spread_only(towers):

@@ -1,4 +1,5 @@
 """Class-labelled metrics: a hand-computed case, a plain-loop reference, pytorch-metric-learning, chunking."""
+
 import numpy as np
 import pytest
 
@@ -41,7 +42,7 @@ def _reference(x, labels, ks):
         r = int(rel.sum())
         if r == 0:
             continue
-        out["ap"].append(sum(rel[:i + 1].sum() / (i + 1) for i in range(r) if rel[i]) / r)
+        out["ap"].append(sum(rel[: i + 1].sum() / (i + 1) for i in range(r) if rel[i]) / r)
         for k in ks:
             out[k].append(float(rel[:k].any()))
     return out
@@ -74,9 +75,9 @@ def test_matches_pytorch_metric_learning(rng):
     x = rng.normal(size=(10, 16))[y] + rng.normal(size=(300, 16))
     x /= np.linalg.norm(x, axis=1, keepdims=True)  # pml ranks by L2 distance: equal to dot order on the sphere
     ours = labelled_retrieval_metrics(x, y, compute_nmi=False)
-    pml = AccuracyCalculator(include=("precision_at_1", "mean_average_precision_at_r", "r_precision"),
-                             k="max_bin_count").get_accuracy(torch.tensor(x, dtype=torch.float32), torch.tensor(y),
-                                                             ref_includes_query=True)
+    pml = AccuracyCalculator(
+        include=("precision_at_1", "mean_average_precision_at_r", "r_precision"), k="max_bin_count"
+    ).get_accuracy(torch.tensor(x, dtype=torch.float32), torch.tensor(y), ref_includes_query=True)
     assert ours["precision@1"] == pytest.approx(pml["precision_at_1"], abs=1e-6)
     assert ours["map@r"] == pytest.approx(pml["mean_average_precision_at_r"], abs=1e-5)
     assert ours["r_precision"] == pytest.approx(pml["r_precision"], abs=1e-5)
@@ -116,6 +117,7 @@ def test_callback_logs_metrics_during_fit(rng):
     callback = LabelledRetrievalCallback(tf.keras.Model(inputs, emb), x, y, ks=(1,), every=2)
     history = model.fit(x, proxy_relevance(y, 4).numpy(), batch_size=20, epochs=4, verbose=0, callbacks=[callback])
     assert len(history.history["val_recall@1"]) == 2  # epochs 2 and 4 (History fills only logged epochs)
-    expected = labelled_retrieval_metrics(tf.keras.Model(inputs, emb).predict(x, verbose=0), y, ks=(1,),
-                                          compute_nmi=False)
+    expected = labelled_retrieval_metrics(
+        tf.keras.Model(inputs, emb).predict(x, verbose=0), y, ks=(1,), compute_nmi=False
+    )
     assert history.history["val_map@r"][-1] == pytest.approx(expected["map@r"])

@@ -1,4 +1,5 @@
 """Fixtures of the loss tests: a toy loss registered for one test only (never at import time)."""
+
 import pytest
 
 from ce_retrieval.losses import RetrievalLoss, mean_over_positives, register

@@ -4,6 +4,7 @@ queries written straight from the papers (not from the library's vectorised code
 One convention for all: ``fn(relevance, scores, **hyper) -> float`` with ``relevance`` (R, in {-1, 0, 1}) and
 ``scores`` (S) both ``[N, M]``, as the library's functional API; ``R == -1`` pairs appear nowhere.
 """
+
 import math
 
 import numpy as np
@@ -210,7 +211,7 @@ def soft_triple(rel, s, k, la=20.0, gamma=0.1, delta=0.01):
     for i in range(n):
         cls_sim = []
         for c in range(m // k):
-            block = s[i, c * k:(c + 1) * k]
+            block = s[i, c * k : (c + 1) * k]
             w = np.exp(block / gamma - _lse(block / gamma))
             cls_sim.append(np.sum(w * block))
         cls_sim = np.array(cls_sim)

@@ -12,6 +12,7 @@ Inputs are built per capability: proxies (``needs_proxies``: ``S = cos(E, P)``),
 (``needs_gram``: ``S = E Eᵀ``), GOAL's paired image × text layout, and otherwise a rectangular text × image
 matrix with several positives per row and an ignored pair.
 """
+
 import inspect
 import json
 import math
@@ -37,8 +38,16 @@ VARIANTS = {
     "CrossExampleNegativeMining": [dict(scale=15.0, top_k=5, bidirectional=True), dict(negative_fraction=0.15)],
     "LargeMarginSoftmax": [dict(margin=3, scale=30.0, cross_example=True, bidirectional=True)],
     "AngularSoftmax": [
-        dict(margin=2, lambda_base=500.0, lambda_gamma=0.2, lambda_power=2.0, lambda_min=3.0, scale=30.0,
-             cross_example=True, bidirectional=True)
+        dict(
+            margin=2,
+            lambda_base=500.0,
+            lambda_gamma=0.2,
+            lambda_power=2.0,
+            lambda_min=3.0,
+            scale=30.0,
+            cross_example=True,
+            bidirectional=True,
+        )
     ],
     "AdditiveMarginSoftmax": [dict(margin=0.2, scale=30.0, cross_example=True, bidirectional=True)],
     "ArcMarginSoftmax": [dict(margin=0.3, scale=30.0, cross_example=True, bidirectional=True)],
@@ -56,20 +65,39 @@ VARIANTS = {
         dict(mining="semi-hard", positive_mining="hard", distance="cosine"),
     ],
     "LiftedStructureLoss": [dict(margin=0.8, bidirectional=True)],
-    "AngularLoss": [dict(alpha=45.0, with_npair=True, npair_weight=1.5, positive_slots=4), dict(with_npair=True, positive_slots=0)],
+    "AngularLoss": [
+        dict(alpha=45.0, with_npair=True, npair_weight=1.5, positive_slots=4),
+        dict(with_npair=True, positive_slots=0),
+    ],
     "MultiSimilarityLoss": [dict(alpha=3.0, beta=40.0, lambda_=1.0, epsilon=0.2, mining=False, bidirectional=True)],
     "CircleLoss": [dict(margin=0.4, gamma=80.0, bidirectional=True)],
     "BinomialDevianceLoss": [dict(alpha=3.0, beta=0.4, negative_cost=10.0, bidirectional=True)],
-    "NCALoss": [dict(scale=2.0, objective="expected", bidirectional=True), dict(similarity="negative_squared_distance")],
-    "LMNNLoss": [dict(k=2, margin=0.5, push_weight=0.3, bidirectional=True), dict(k=None, similarity="negative_squared_distance")],
-    "ProxyNCALoss": [dict(scale=3.0, include_positives_in_denominator=False, objective="expected"),
-                     dict(similarity="negative_squared_distance")],
+    "NCALoss": [
+        dict(scale=2.0, objective="expected", bidirectional=True),
+        dict(similarity="negative_squared_distance"),
+    ],
+    "LMNNLoss": [
+        dict(k=2, margin=0.5, push_weight=0.3, bidirectional=True),
+        dict(k=None, similarity="negative_squared_distance"),
+    ],
+    "ProxyNCALoss": [
+        dict(scale=3.0, include_positives_in_denominator=False, objective="expected"),
+        dict(similarity="negative_squared_distance"),
+    ],
     "ProxyAnchorLoss": [dict(alpha=16.0, delta=0.2)],
     "SoftTripleLoss": [dict(proxies_per_class=3, la=10.0, gamma=0.2, delta=0.05)],
     "CentroidUpperBoundLoss": [dict(similarity="negative_squared_distance", epsilon=1e-6)],
     "GradientObjective": [
-        dict(triplet_weight="nca", pair_weight="linear-ms", tau=5.0, ms_alpha=3.0, ms_beta=5.0, ms_lambda=0.4,
-             ms_margin=0.2, average_over_pairs=False)
+        dict(
+            triplet_weight="nca",
+            pair_weight="linear-ms",
+            tau=5.0,
+            ms_alpha=3.0,
+            ms_beta=5.0,
+            ms_lambda=0.4,
+            ms_margin=0.2,
+            average_over_pairs=False,
+        )
     ],
 }
 
@@ -207,9 +235,14 @@ def test_toy_loss_registered_by_a_fixture_only(toy_loss):
     assert "ToyMeanPositiveScore" in losses.available()
     loss = losses.get("toy_mean_positive_score", weight=2.0)
     clone = tf.keras.losses.deserialize(tf.keras.losses.serialize(loss))
-    assert type(clone) is toy_loss and clone.get_config() == {"name": "toy_mean_positive_score", "bidirectional": False,
-                                                              "weight": 2.0}
-    assert float(clone(np.eye(2, dtype=np.float32), np.array([[0.5, 0.1], [0.2, 0.9]], np.float32))) == pytest.approx(-1.4)
+    assert type(clone) is toy_loss and clone.get_config() == {
+        "name": "toy_mean_positive_score",
+        "bidirectional": False,
+        "weight": 2.0,
+    }
+    assert float(clone(np.eye(2, dtype=np.float32), np.array([[0.5, 0.1], [0.2, 0.9]], np.float32))) == pytest.approx(
+        -1.4
+    )
     with pytest.raises(ValueError, match="already taken"):
         losses.register(type("ToyMeanPositiveScore", (losses.RetrievalLoss,), {}))
 
@@ -241,7 +274,12 @@ def test_every_class_declares_its_capabilities():
     assert set(CAPABILITIES) == set(CLASSES)
     for name, (scale, proxies, annealed, gram) in CAPABILITIES.items():
         cls = CLASSES[name]
-        assert (cls.has_logit_scale, cls.needs_proxies, cls.annealed, cls.needs_gram) == (scale, proxies, annealed, gram), name
+        assert (cls.has_logit_scale, cls.needs_proxies, cls.annealed, cls.needs_gram) == (
+            scale,
+            proxies,
+            annealed,
+            gram,
+        ), name
         loss = cls()
         assert isinstance(getattr(loss, "step", None), tf.Variable) == annealed, name
         if proxies:
@@ -288,7 +326,9 @@ def test_logit_scale_multiplies_cosines(name):
         want = 0.5 * (want + ref.softmax(relevance.T, scores.T, scale=lam))
     if not cross:  # the row softmax written out once more: -log e^{λ s_ij} / sum_k e^{λ s_ik}
         logits = lam * scores.astype(np.float64)
-        rows = np.mean([np.logaddexp.reduce(logits[i]) - logits[i, j] for i, j in zip(*np.nonzero(relevance), strict=True)])
+        rows = np.mean(
+            [np.logaddexp.reduce(logits[i]) - logits[i, j] for i, j in zip(*np.nonzero(relevance), strict=True)]
+        )
         if name != "SymmetricInfoNCE":
             assert want == pytest.approx(rows, rel=1e-9)
     assert float(loss(relevance, scores)) == pytest.approx(want, rel=1e-5)

@@ -1,4 +1,5 @@
 """Miners: each selection against a brute-force NumPy loop, determinism, XLA, and the Wu et al. weights."""
+
 import math
 
 import numpy as np
@@ -105,7 +106,9 @@ def test_distance_weighted_falls_back_and_flags_rows_without_negatives():
 def test_distance_weighted_sampling_compiles_with_xla():
     """The other miners are compiled inside the losses' XLA test (semi-hard, multi-similarity, hardest)."""
     s, r = batch(seed=9, square=False)
-    run = tf.function(lambda x: miners.distance_weighted_negatives(r, x, embedding_dim=5, seed=[3, 4]), jit_compile=True)
+    run = tf.function(
+        lambda x: miners.distance_weighted_negatives(r, x, embedding_dim=5, seed=[3, 4]), jit_compile=True
+    )
     idx, valid = run(tf.constant(s))
     assert idx.shape == (s.shape[0], 1)
     for a in np.flatnonzero(valid.numpy()):

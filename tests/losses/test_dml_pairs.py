@@ -2,6 +2,7 @@
 pytorch-metric-learning, gradients (finite differences of the float64 reference) and errors. Serialisation,
 XLA, mixed precision and bad inputs of every loss: ``test_contract.py``; the per-slot / sorted speed paths:
 ``test_fast_paths.py``."""
+
 import functools
 import re
 
@@ -30,7 +31,11 @@ P = functools.partial
 # name -> (factory, reference, needs a square S)
 CASES = {
     "contrastive": (lambda: ContrastiveLoss(), ref.contrastive, False),
-    "contrastive_balanced": (lambda: ContrastiveLoss(margin=1.2, balanced=True), P(ref.contrastive, margin=1.2, balanced=True), False),
+    "contrastive_balanced": (
+        lambda: ContrastiveLoss(margin=1.2, balanced=True),
+        P(ref.contrastive, margin=1.2, balanced=True),
+        False,
+    ),
     "triplet_all": (lambda: TripletLoss(), ref.triplet, False),
     "triplet_all_nonzero_euclid": (
         lambda: TripletLoss(margin=0.3, distance="euclidean", average_nonzero=True),
@@ -42,7 +47,11 @@ CASES = {
         P(ref.triplet, mining="hard", distance="cosine"),
         False,
     ),
-    "triplet_semi_hard": (lambda: TripletLoss(mining="semi-hard", margin=0.5), P(ref.triplet, mining="semi-hard", margin=0.5), False),
+    "triplet_semi_hard": (
+        lambda: TripletLoss(mining="semi-hard", margin=0.5),
+        P(ref.triplet, mining="semi-hard", margin=0.5),
+        False,
+    ),
     # positive_slots=0: the general paths (per-row sorted merge / miner sort / angular matmul) instead of per-slot
     "triplet_all_sorted": (lambda: TripletLoss(positive_slots=0), ref.triplet, False),
     "triplet_semi_hard_sorted": (
@@ -70,9 +79,17 @@ CASES = {
     ),
     "angular": (lambda: AngularLoss(alpha=45.0), P(ref.angular, alpha=45.0), True),
     "angular_npair": (lambda: AngularLoss(with_npair=True), P(ref.angular, with_npair=True), True),
-    "angular_npair_matmul": (lambda: AngularLoss(with_npair=True, positive_slots=0), P(ref.angular, with_npair=True), True),
+    "angular_npair_matmul": (
+        lambda: AngularLoss(with_npair=True, positive_slots=0),
+        P(ref.angular, with_npair=True),
+        True,
+    ),
     "multi_similarity": (lambda: MultiSimilarityLoss(), ref.multi_similarity, False),
-    "multi_similarity_no_mining": (lambda: MultiSimilarityLoss(mining=False, lambda_=1.0), P(ref.multi_similarity, mining=False, lam=1.0), False),
+    "multi_similarity_no_mining": (
+        lambda: MultiSimilarityLoss(mining=False, lambda_=1.0),
+        P(ref.multi_similarity, mining=False, lam=1.0),
+        False,
+    ),
     "circle": (lambda: CircleLoss(), ref.circle, False),
     "circle_retrieval": (lambda: CircleLoss(margin=0.4, gamma=80.0), P(ref.circle, m=0.4, gamma=80.0), False),
     "binomial": (lambda: BinomialDevianceLoss(), ref.binomial, False),
@@ -139,7 +156,9 @@ def test_gradient_matches_finite_differences_of_reference(name):
 
 def test_npair_equals_infonce_and_symmetric_infonce_is_clip():
     s, r = rect_batch()
-    np.testing.assert_allclose(float(NPairLoss(scale=1 / 0.05)(r, s)), float(InfoNCE(temperature=0.05)(r, s)), rtol=1e-6)
+    np.testing.assert_allclose(
+        float(NPairLoss(scale=1 / 0.05)(r, s)), float(InfoNCE(temperature=0.05)(r, s)), rtol=1e-6
+    )
     # CLIP: one positive per row/column, cross-entropy both ways, averaged.
     rng = np.random.default_rng(3)
     logits_s = rng.uniform(-1, 1, size=(5, 5)).astype(np.float32)
@@ -296,7 +315,17 @@ def test_clear_errors():
 
 
 def test_registered_by_name():
-    for name in ("triplet_loss", "TripletLoss", "contrastive_loss", "multi_similarity_loss", "circle_loss",
-                 "binomial_deviance_loss", "lifted_structure_loss", "n_pair_loss", "infonce", "angular_loss"):
+    for name in (
+        "triplet_loss",
+        "TripletLoss",
+        "contrastive_loss",
+        "multi_similarity_loss",
+        "circle_loss",
+        "binomial_deviance_loss",
+        "lifted_structure_loss",
+        "n_pair_loss",
+        "infonce",
+        "angular_loss",
+    ):
         assert isinstance(losses.get(name), losses.RetrievalLoss), name
     assert losses.get("triplet_loss", mining="semi-hard").mining == "semi-hard"

@@ -1,6 +1,7 @@
 """TensorFlow Similarity defines batch-hard / semi-hard triplet losses and the multi-similarity loss with its
 mining: same embeddings and labels, same values and gradients. (Its package import pulls umap and torch:
 about 10-25 s, hence a file of its own.)"""
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -8,12 +9,16 @@ import tensorflow as tf
 from ce_retrieval.losses import MultiSimilarityLoss, TripletLoss, relevance_from_ids
 
 # every test of this file compares with TensorFlow Similarity: skipping the module skips nothing else
-tfsim = pytest.importorskip("tensorflow_similarity.losses", reason="tensorflow-similarity is needed to compare with its losses")
+tfsim = pytest.importorskip(
+    "tensorflow_similarity.losses", reason="tensorflow-similarity is needed to compare with its losses"
+)
 
 
 def embeddings(seed=21, classes=6, per_class=4, dim=8):
     rng = np.random.default_rng(seed)
-    e = np.repeat(rng.normal(size=(classes, dim)), per_class, axis=0) + 0.9 * rng.normal(size=(classes * per_class, dim))
+    e = np.repeat(rng.normal(size=(classes, dim)), per_class, axis=0) + 0.9 * rng.normal(
+        size=(classes * per_class, dim)
+    )
     return (e / np.linalg.norm(e, axis=1, keepdims=True)).astype(np.float32), np.repeat(np.arange(classes), per_class)
 
 
@@ -21,11 +26,15 @@ CASES = {
     # TF-Similarity's cosine distance is 1 - s, its mining 'hard' positive = farthest positive per anchor
     "batch_hard": (
         lambda: TripletLoss(margin=0.2, distance="cosine", mining="hard", positive_mining="hard"),
-        lambda: tfsim.TripletLoss(distance="cosine", positive_mining_strategy="hard", negative_mining_strategy="hard", margin=0.2),
+        lambda: tfsim.TripletLoss(
+            distance="cosine", positive_mining_strategy="hard", negative_mining_strategy="hard", margin=0.2
+        ),
     ),
     "semi_hard": (
         lambda: TripletLoss(margin=0.2, distance="cosine", mining="semi-hard", positive_mining="hard"),
-        lambda: tfsim.TripletLoss(distance="cosine", positive_mining_strategy="hard", negative_mining_strategy="semi-hard", margin=0.2),
+        lambda: tfsim.TripletLoss(
+            distance="cosine", positive_mining_strategy="hard", negative_mining_strategy="semi-hard", margin=0.2
+        ),
     ),
     "multi_similarity": (  # TF-Sim's default beta is 40; the paper's 50 here on both sides
         lambda: MultiSimilarityLoss(alpha=2.0, beta=50.0, lambda_=0.5, epsilon=0.1),

@@ -6,6 +6,7 @@ nearest neighbours of the raw (or randomly projected) inputs are dominated by th
 projection is needed. All models (same initialisation, one per loss) train inside one ``tf.function`` so
 that graph tracing, the dominant cost on a shared CPU, happens once.
 """
+
 import numpy as np
 import pytest
 import tensorflow as tf

@@ -1,6 +1,7 @@
 """ProxyNCA, ProxyAnchor, SoftTriple, NCA, LMNN and the centroid bound: exact math against NumPy loops
 (``reference.py``), pytorch-metric-learning and finite-difference gradients. Serialisation, XLA, mixed precision
 and bad inputs of every loss: ``test_contract.py``."""
+
 import numpy as np
 import pytest
 import reference as ref
@@ -32,19 +33,38 @@ CASES = {
     "ProxyNCALoss": (lambda: L.ProxyNCALoss(scale=3.0), lambda r, s: ref.nca(r, s, 3.0), "proxy", 1),
     "ProxyNCA-original": (
         lambda: L.ProxyNCALoss(scale=1.0, include_positives_in_denominator=False),
-        lambda r, s: ref.nca(r, s, 1.0, include_positives=False), "proxy", 1),
+        lambda r, s: ref.nca(r, s, 1.0, include_positives=False),
+        "proxy",
+        1,
+    ),
     "ProxyAnchorLoss": (lambda: L.ProxyAnchorLoss(), lambda r, s: ref.proxy_anchor(r, s), "proxy", 1),
-    "ProxyAnchor-K2": (lambda: L.ProxyAnchorLoss(alpha=16, delta=0.2),
-                       lambda r, s: ref.proxy_anchor(r, s, 16, 0.2), "proxy", 2),
-    "SoftTripleLoss": (lambda: L.SoftTripleLoss(proxies_per_class=3),
-                       lambda r, s: ref.soft_triple(r, s, 3), "proxy", 3),
+    "ProxyAnchor-K2": (
+        lambda: L.ProxyAnchorLoss(alpha=16, delta=0.2),
+        lambda r, s: ref.proxy_anchor(r, s, 16, 0.2),
+        "proxy",
+        2,
+    ),
+    "SoftTripleLoss": (
+        lambda: L.SoftTripleLoss(proxies_per_class=3),
+        lambda r, s: ref.soft_triple(r, s, 3),
+        "proxy",
+        3,
+    ),
     "CentroidUpperBoundLoss": (lambda: L.CentroidUpperBoundLoss(), ref.centroid_bound, "proxy", 1),
     "NCALoss": (lambda: L.NCALoss(scale=2.0), lambda r, s: ref.nca(r, s, 2.0), "pair", 0),
-    "NCA-expected": (lambda: L.NCALoss(objective="expected"), lambda r, s: ref.nca(r, s, objective="expected"),
-                     "pair", 0),
+    "NCA-expected": (
+        lambda: L.NCALoss(objective="expected"),
+        lambda r, s: ref.nca(r, s, objective="expected"),
+        "pair",
+        0,
+    ),
     "LMNNLoss": (lambda: L.LMNNLoss(k=2, margin=0.5), lambda r, s: ref.lmnn(r, s, 2, 0.5), "pair", 0),
-    "LMNN-all-targets": (lambda: L.LMNNLoss(k=None, push_weight=0.3),
-                         lambda r, s: ref.lmnn(r, s, None, 1.0, 0.3), "pair", 0),
+    "LMNN-all-targets": (
+        lambda: L.LMNNLoss(k=None, push_weight=0.3),
+        lambda r, s: ref.lmnn(r, s, None, 1.0, 0.3),
+        "pair",
+        0,
+    ),
 }
 
 
@@ -90,7 +110,11 @@ def test_gradient_matches_finite_differences(name):
 def test_large_logits_stay_finite():
     rel = np.eye(4, 6)
     s = np.where(rel > 0, -1.0, 1.0)  # worst case: positives far, negatives close
-    for loss in (L.ProxyAnchorLoss(alpha=200.0), L.ProxyNCALoss(scale=500.0), L.SoftTripleLoss(proxies_per_class=1, la=300.0)):
+    for loss in (
+        L.ProxyAnchorLoss(alpha=200.0),
+        L.ProxyNCALoss(scale=500.0),
+        L.SoftTripleLoss(proxies_per_class=1, la=300.0),
+    ):
         st = tf.Variable(s, dtype=tf.float32)
         with tf.GradientTape() as tape:
             value = loss(rel, st)
@@ -125,18 +149,23 @@ def test_negative_squared_distance_reading(rng):
     """With S = −d² the losses see the same distances as with cosine S on the unit sphere."""
     emb, _, rel, s = _pair_case(rng)
     neg_d2 = -(2 - 2 * s)
-    for cos_loss, dist_loss in ((L.NCALoss(scale=2.0), L.NCALoss(scale=2.0, similarity="negative_squared_distance")),
-                                (L.LMNNLoss(), L.LMNNLoss(similarity="negative_squared_distance"))):
+    for cos_loss, dist_loss in (
+        (L.NCALoss(scale=2.0), L.NCALoss(scale=2.0, similarity="negative_squared_distance")),
+        (L.LMNNLoss(), L.LMNNLoss(similarity="negative_squared_distance")),
+    ):
         assert float(dist_loss(rel, neg_d2)) == pytest.approx(float(cos_loss(rel, s)), rel=1e-5)
 
 
 # --- pytorch-metric-learning: same definitions, conventions bridged explicitly ---------------------------
 
+
 @pytest.fixture
 def pml():
     """(torch, pytorch_metric_learning.losses); skips only these tests when they are not installed."""
     reason = "pytorch-metric-learning (and torch) is needed to compare with its losses"
-    return pytest.importorskip("torch", reason=reason), pytest.importorskip("pytorch_metric_learning.losses", reason=reason)
+    return pytest.importorskip("torch", reason=reason), pytest.importorskip(
+        "pytorch_metric_learning.losses", reason=reason
+    )
 
 
 def _t(torch, a):
@@ -166,8 +195,9 @@ def test_matches_pml_soft_triple(rng, pml):
     torch, pml_losses = pml
     # pml keeps centres as fc [D, C·K], class-major like ProxySimilarity; it has no centre regulariser.
     emb, prox, labels, rel, s = _proxy_case(rng, n=16, c=4, k=3)
-    loss = pml_losses.SoftTripleLoss(num_classes=4, embedding_size=6, centers_per_class=3, la=20, gamma=0.1,
-                                     margin=0.01).double()
+    loss = pml_losses.SoftTripleLoss(
+        num_classes=4, embedding_size=6, centers_per_class=3, la=20, gamma=0.1, margin=0.01
+    ).double()
     loss.fc.data = _t(torch, prox.T)
     expected = loss(_t(torch, emb), torch.tensor(labels)).item()
     assert float(L.SoftTripleLoss(proxies_per_class=3)(rel, s)) == pytest.approx(expected, rel=1e-5)

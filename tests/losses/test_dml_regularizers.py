@@ -1,5 +1,6 @@
 """SEC and divergence regularisers: values against NumPy, Keras composition (activity_regularizer / add_loss),
 serialisation and mixed precision."""
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -50,10 +51,12 @@ def test_divergence_loss_value_and_keras_composition():
     for o, h in zip(out, heads, strict=True):  # returns its input unchanged
         np.testing.assert_array_equal(np.asarray(o), h)
     unit = [h / np.linalg.norm(h, axis=1, keepdims=True) for h in heads]
-    want = np.mean([
-        sum(max(1.0 - np.sum((unit[a][i] - unit[b][i]) ** 2), 0.0) for a in range(3) for b in range(a + 1, 3))
-        for i in range(4)
-    ])
+    want = np.mean(
+        [
+            sum(max(1.0 - np.sum((unit[a][i] - unit[b][i]) ** 2), 0.0) for a in range(3) for b in range(a + 1, 3))
+            for i in range(4)
+        ]
+    )
     np.testing.assert_allclose(float(layer.losses[0]), 0.5 * want, rtol=1e-5)
     # stacked [B, K, D] input, float16, inside a functional model
     inputs = tf.keras.Input((3, 3), dtype=tf.float16)

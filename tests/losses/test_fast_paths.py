@@ -7,6 +7,7 @@ their second derivatives (nested ``tf.GradientTape``s) against the plain path's:
   NumPy reference;
 * the sorted merge (``count_below``) against the dense ``[N, M, M]`` hinge sum.
 """
+
 import functools
 
 import numpy as np
@@ -89,7 +90,9 @@ def test_eager_per_row_and_global_match_sort(rng):
         values, k, mask = random_case(rng, trial)
         assert_matches(select_kth_largest(values, k, mask, axis=-1), sort_reference(values, k, mask))
         kg = int(rng.integers(1, values.size + 2))
-        assert_matches(select_kth_largest(values, kg, mask), sort_reference(values.reshape(1, -1), [kg], mask.reshape(1, -1)))
+        assert_matches(
+            select_kth_largest(values, kg, mask), sort_reference(values.reshape(1, -1), [kg], mask.reshape(1, -1))
+        )
 
 
 def test_xla_matches_sort(rng):
@@ -226,10 +229,14 @@ def uneven_batch(seed=12):
     "make, reference",
     [
         (lambda k: TripletLoss(positive_slots=k), ref.triplet),
-        (lambda k: TripletLoss(distance="euclidean", average_nonzero=True, positive_slots=k),
-         P(ref.triplet, distance="euclidean", average_nonzero=True)),
-        (lambda k: TripletLoss(mining="semi-hard", distance="cosine", positive_slots=k),
-         P(ref.triplet, mining="semi-hard", distance="cosine")),
+        (
+            lambda k: TripletLoss(distance="euclidean", average_nonzero=True, positive_slots=k),
+            P(ref.triplet, distance="euclidean", average_nonzero=True),
+        ),
+        (
+            lambda k: TripletLoss(mining="semi-hard", distance="cosine", positive_slots=k),
+            P(ref.triplet, mining="semi-hard", distance="cosine"),
+        ),
         (lambda k: AngularLoss(positive_slots=k), ref.angular),
         (lambda k: AngularLoss(with_npair=True, positive_slots=k), P(ref.angular, with_npair=True)),
     ],
@@ -278,9 +285,11 @@ def test_positive_slots_runs_the_smallest_bucket_and_carries_the_gradient():
     s = tf.constant(np.random.default_rng(0).uniform(-1, 1, size=(6, 6)).astype(np.float32))
     five = np.zeros((6, 6), bool)
     five[2, :5] = five[4, 1] = True
-    for rows, bound, slots_run in [(np.eye(6, dtype=bool)[np.arange(6) ^ 1], 8, 1),
-                                   (five, 8, 6),  # the smallest bucket covering 5 (SLOT_BUCKETS) is 6
-                                   (five, 4, 0)]:  # over the bound: the general path
+    for rows, bound, slots_run in [
+        (np.eye(6, dtype=bool)[np.arange(6) ^ 1], 8, 1),
+        (five, 8, 6),  # the smallest bucket covering 5 (SLOT_BUCKETS) is 6
+        (five, 4, 0),
+    ]:  # over the bound: the general path
         calls.assign(0)
         value, count, grad = run(s, tf.constant(rows), bound)
         assert int(calls.numpy()) == slots_run
@@ -291,9 +300,11 @@ def test_positive_slots_runs_the_smallest_bucket_and_carries_the_gradient():
 
 @pytest.mark.parametrize(
     "make",
-    [lambda k: TripletLoss(distance="euclidean", positive_slots=k),
-     lambda k: TripletLoss(mining="semi-hard", distance="euclidean", positive_slots=k),
-     lambda k: AngularLoss(with_npair=True, positive_slots=k)],
+    [
+        lambda k: TripletLoss(distance="euclidean", positive_slots=k),
+        lambda k: TripletLoss(mining="semi-hard", distance="euclidean", positive_slots=k),
+        lambda k: AngularLoss(with_npair=True, positive_slots=k),
+    ],
     ids=["triplet_all", "triplet_semi_hard", "angular_npair"],
 )
 def test_positive_slots_keep_second_derivatives(make):
@@ -331,8 +342,9 @@ def test_over_positive_slots_second_derivatives_in_graph_and_xla(mode):
 
         return lambda x: over_positive_slots(x, positive, bound, make_slot, general)[0]
 
-    hvp = tf.function(lambda x: [_hessian_vector_product(cubic(b), x, v) for b in (0, 3)], jit_compile=mode == "xla",
-                      autograph=False)
+    hvp = tf.function(
+        lambda x: [_hessian_vector_product(cubic(b), x, v) for b in (0, 3)], jit_compile=mode == "xla", autograph=False
+    )
     general, slots = (h.numpy() for h in hvp(s))
     np.testing.assert_allclose(general, np.where(rows, 6 * s.numpy() * v.numpy(), 0.0), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(slots, general, rtol=1e-5, atol=1e-6)
@@ -360,7 +372,10 @@ def test_count_below_matches_the_dense_comparison_and_its_derivatives():
     np.testing.assert_allclose(total.numpy(), want_total.numpy(), rtol=1e-6, atol=1e-6)
     inclusive, _ = count_below(thresholds, values, mask, inclusive=True)
     np.testing.assert_array_equal(
-        inclusive.numpy(), tf.reduce_sum(tf.cast(mask[:, None, :] & (values[:, None, :] <= thresholds[:, :, None]), tf.float32), -1).numpy()
+        inclusive.numpy(),
+        tf.reduce_sum(
+            tf.cast(mask[:, None, :] & (values[:, None, :] <= thresholds[:, :, None]), tf.float32), -1
+        ).numpy(),
     )
     # sum of hinges count * t - total: first and second derivatives equal the dense sum's (in the values)
     smooth = tf.constant(rng.normal(size=(6, 9)).astype(np.float32))
@@ -376,8 +391,12 @@ def test_count_below_matches_the_dense_comparison_and_its_derivatives():
         return tf.reduce_sum(c * t - below)
 
     np.testing.assert_allclose(float(fast(smooth)), float(dense(smooth)), rtol=1e-5)
-    np.testing.assert_allclose(_hessian_vector_product(fast, smooth, v).numpy(),
-                               _hessian_vector_product(dense, smooth, v).numpy(), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(
+        _hessian_vector_product(fast, smooth, v).numpy(),
+        _hessian_vector_product(dense, smooth, v).numpy(),
+        rtol=1e-4,
+        atol=1e-6,
+    )
 
 
 def test_triplet_sorted_path_keeps_second_derivatives():
@@ -391,12 +410,17 @@ def test_triplet_sorted_path_keeps_second_derivatives():
         hinge = tf.nn.relu(0.2 + d[:, :, None] - d[:, None, :])  # [a, p, n]
         triplets = positive[:, :, None] & negative[:, None, :]
         per_pair = tf.reduce_sum(tf.where(triplets, hinge, 0.0), -1) / tf.maximum(
-            tf.reduce_sum(tf.cast(negative, tf.float32), -1, keepdims=True), 1.0)
+            tf.reduce_sum(tf.cast(negative, tf.float32), -1, keepdims=True), 1.0
+        )
         kept = positive & tf.reduce_any(negative, -1, keepdims=True)
         return tf.reduce_sum(tf.where(kept, per_pair, 0.0)) / tf.reduce_sum(tf.cast(kept, tf.float32))
 
     loss = TripletLoss(distance="euclidean", positive_slots=0)
     x = tf.constant(s)
     np.testing.assert_allclose(float(loss(r, x)), float(dense(x)), rtol=1e-5)
-    np.testing.assert_allclose(_hessian_vector_product(lambda y: loss(r, y), x, v).numpy(),
-                               _hessian_vector_product(dense, x, v).numpy(), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(
+        _hessian_vector_product(lambda y: loss(r, y), x, v).numpy(),
+        _hessian_vector_product(dense, x, v).numpy(),
+        rtol=1e-4,
+        atol=1e-6,
+    )

@@ -9,6 +9,7 @@
 * Keras: all 15 trainable with model.fit under XLA, mixed precision, a 2-replica MirroredStrategy (subprocess);
 * behaviour: circle x sigmoid-ms trains a two-tower model and improves recall@1.
 """
+
 import itertools
 import json
 import os
@@ -140,7 +141,9 @@ def test_gradient_matches_numpy_reference(tw, pw, layout):
     x, y = _features()
     r = _layout(layout)
     value, w, dx, dy, s = _tf_gradients(x, y, r, tw, pw)
-    ref_value, ref_w, ref_dx, ref_dy, stats = reference(x.astype(np.float64), y.astype(np.float64), s.astype(np.float64), r, tw, pw)
+    ref_value, ref_w, ref_dx, ref_dy, stats = reference(
+        x.astype(np.float64), y.astype(np.float64), s.astype(np.float64), r, tw, pw
+    )
     assert np.abs(ref_w).sum() > 0
     np.testing.assert_allclose(w, ref_w, rtol=2e-5, atol=2e-6)
     np.testing.assert_allclose(dx, ref_dx, rtol=2e-5, atol=2e-6)  # dL/dX = W Y through ordinary autodiff

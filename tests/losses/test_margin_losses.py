@@ -1,5 +1,6 @@
 """L-Softmax, A-Softmax, CosFace, ArcFace: margins on positives only, sampled or cross-example negatives.
 Serialisation, mixed precision, XLA and bad inputs of every loss: ``test_contract.py``."""
+
 import math
 
 import numpy as np
@@ -102,7 +103,9 @@ def test_gradient_matches_finite_differences(rng, cls, fn):
         up, down = scores.astype(np.float64), scores.astype(np.float64)
         up[idx] += eps
         down[idx] -= eps
-        numeric[idx] = (ref.softmax(relevance, up, 2.0, positive_fn=fn) - ref.softmax(relevance, down, 2.0, positive_fn=fn)) / (2 * eps)
+        numeric[idx] = (
+            ref.softmax(relevance, up, 2.0, positive_fn=fn) - ref.softmax(relevance, down, 2.0, positive_fn=fn)
+        ) / (2 * eps)
     np.testing.assert_allclose(grad, numeric, atol=5e-5)
 
 
@@ -181,9 +184,14 @@ def test_xla_reads_the_annealing_step(rng):
 def test_functional_form_matches_reference(rng, cls, kwargs, fn):
     """The margin functions of ``ce_retrieval.losses.functional`` (A-Softmax takes the annealed lambda itself)."""
     relevance, scores = batch(rng)
-    function = {LargeMarginSoftmax: functional.large_margin_softmax, AngularSoftmax: functional.angular_softmax,
-                AdditiveMarginSoftmax: functional.additive_margin_softmax,
-                ArcMarginSoftmax: functional.arc_margin_softmax}[cls]
+    function = {
+        LargeMarginSoftmax: functional.large_margin_softmax,
+        AngularSoftmax: functional.angular_softmax,
+        AdditiveMarginSoftmax: functional.additive_margin_softmax,
+        ArcMarginSoftmax: functional.arc_margin_softmax,
+    }[cls]
     extra = {"lambda_": 1000.0} if cls is AngularSoftmax else {}
     want = ref.softmax(relevance, scores, cross_example=True, positive_fn=fn)
-    np.testing.assert_allclose(float(function(relevance, scores, cross_example=True, **kwargs, **extra)), want, rtol=1e-5)
+    np.testing.assert_allclose(
+        float(function(relevance, scores, cross_example=True, **kwargs, **extra)), want, rtol=1e-5
+    )

@@ -1,5 +1,6 @@
 """The paper's four objectives (eqs. 2, 3, 5, 6) against an independent float64 NumPy reference
 (``reference.softmax``). Serialisation, mixed precision, XLA and bad inputs of every loss: ``test_contract.py``."""
+
 import math
 
 import numpy as np
@@ -48,7 +49,9 @@ def test_matches_reference(rng, cls, kwargs, ref):
     for ties in (False, True):
         for shape in [(7, 11), (9, 4)]:
             relevance, scores = make_batch(rng, *shape, ties=ties)
-            np.testing.assert_allclose(float(loss(relevance, scores)), reference_loss(relevance, scores, **ref), rtol=2e-6)
+            np.testing.assert_allclose(
+                float(loss(relevance, scores)), reference_loss(relevance, scores, **ref), rtol=2e-6
+            )
 
 
 @pytest.mark.parametrize("cls", [StochasticNegativeMining, CrossExampleNegativeMining])
@@ -114,7 +117,16 @@ def test_large_scale_float16_is_finite(rng):
     for cls in [SampledSoftmax, CrossExampleSoftmax, StochasticNegativeMining, CrossExampleNegativeMining]:
         value = float(cls(scale=100.0)(relevance, tf.cast(scores, tf.float16)))
         assert math.isfinite(value)
-        assert value == pytest.approx(reference_loss(relevance, tf.cast(tf.cast(scores, tf.float16), tf.float32).numpy(), scale=100.0, cross_example=cls in (CrossExampleSoftmax, CrossExampleNegativeMining), fraction=None if cls in (SampledSoftmax, CrossExampleSoftmax) else 0.5), rel=1e-5)
+        assert value == pytest.approx(
+            reference_loss(
+                relevance,
+                tf.cast(tf.cast(scores, tf.float16), tf.float32).numpy(),
+                scale=100.0,
+                cross_example=cls in (CrossExampleSoftmax, CrossExampleNegativeMining),
+                fraction=None if cls in (SampledSoftmax, CrossExampleSoftmax) else 0.5,
+            ),
+            rel=1e-5,
+        )
 
 
 @pytest.mark.parametrize(
@@ -140,8 +152,13 @@ def test_bad_constructor_arguments(kwargs, match):
 @pytest.mark.parametrize("cls,kwargs,ref", CASES, ids=IDS)
 def test_functional_form_matches_reference(rng, cls, kwargs, ref):
     """The family's functions (``ce_retrieval.losses.functional``) on the same batches as the classes."""
-    function = {SampledSoftmax: functional.sampled_softmax, StochasticNegativeMining: functional.stochastic_negative_mining,
-                CrossExampleSoftmax: functional.cross_example_softmax,
-                CrossExampleNegativeMining: functional.cross_example_negative_mining}[cls]
+    function = {
+        SampledSoftmax: functional.sampled_softmax,
+        StochasticNegativeMining: functional.stochastic_negative_mining,
+        CrossExampleSoftmax: functional.cross_example_softmax,
+        CrossExampleNegativeMining: functional.cross_example_negative_mining,
+    }[cls]
     relevance, scores = make_batch(rng, ties=True)
-    np.testing.assert_allclose(float(function(relevance, scores, **kwargs)), reference_loss(relevance, scores, **ref), rtol=2e-6)
+    np.testing.assert_allclose(
+        float(function(relevance, scores, **kwargs)), reference_loss(relevance, scores, **ref), rtol=2e-6
+    )

@@ -1,4 +1,5 @@
 """Fixture of the modeling tests: a tiny WordPiece vocab file (helpers live in modeling_fixtures.py)."""
+
 import pytest
 from modeling_fixtures import VOCAB
 

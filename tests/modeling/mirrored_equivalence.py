@@ -3,6 +3,7 @@
 Logical devices must be configured before TensorFlow runs any op, hence a fresh process. Prints one JSON line
 with the measured differences; the test asserts on them.
 """
+
 import json
 import os
 import sys
@@ -96,7 +97,10 @@ def main(workdir, batchnorm):
                 "loss_multi": logs_multi["loss"][0],
                 "worst": worst,
                 "fraction_moved": moved,
-                "optimizer_iterations": [int(multi.text_optimizer.iterations.numpy()), int(multi.image_optimizer.iterations.numpy())],
+                "optimizer_iterations": [
+                    int(multi.text_optimizer.iterations.numpy()),
+                    int(multi.image_optimizer.iterations.numpy()),
+                ],
             }
         )
     )

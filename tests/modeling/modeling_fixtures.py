@@ -4,13 +4,40 @@ project's SampledSoftmax).
 A uniquely named module (not imported as ``conftest``, which in a whole-suite run could be another folder's
 conftest); the ``vocab_file`` fixture lives in this folder's conftest.py.
 """
+
 import dataclasses
 
 import numpy as np
 import tensorflow as tf
 
-VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "the", "red", "green", "blue", "yellow", "dog", "cat",
-         "car", "tree", "on", "in", "grass", "street", "small", "big", "##s", "##y", "with", "sky", "."]
+VOCAB = [
+    "[PAD]",
+    "[UNK]",
+    "[CLS]",
+    "[SEP]",
+    "[MASK]",
+    "a",
+    "the",
+    "red",
+    "green",
+    "blue",
+    "yellow",
+    "dog",
+    "cat",
+    "car",
+    "tree",
+    "on",
+    "in",
+    "grass",
+    "street",
+    "small",
+    "big",
+    "##s",
+    "##y",
+    "with",
+    "sky",
+    ".",
+]
 WORDS = ["red", "green", "blue", "yellow", "dog", "cat", "car", "tree", "grass", "street", "small", "big", "sky"]
 
 

@@ -1,4 +1,5 @@
 """Latent Coincidence Analysis: closed-form likelihood, monotone EM, separation of similar/dissimilar pairs."""
+
 import numpy as np
 import pytest
 
@@ -51,8 +52,9 @@ def test_em_increases_likelihood_monotonically_and_separates_pairs(rng):
     m = model.metric_
     assert np.trace(m[:2, :2]) > 10 * np.trace(m[2:, 2:])
     z = model.transform(x2)
-    np.testing.assert_allclose(np.sum((z - model.transform(xp2)) ** 2, 1),
-                               np.einsum("nd,de,ne->n", x2 - xp2, m, x2 - xp2), rtol=1e-8)
+    np.testing.assert_allclose(
+        np.sum((z - model.transform(xp2)) ** 2, 1), np.einsum("nd,de,ne->n", x2 - xp2, m, x2 - xp2), rtol=1e-8
+    )
 
 
 def test_bad_input_is_named(rng):

@@ -1,4 +1,5 @@
 """Checkpoint round trip of the model and both optimizers; mixed-precision steps (bfloat16, float16 + loss scale)."""
+
 import numpy as np
 import pytest
 import tensorflow as tf

@@ -5,6 +5,7 @@ Batch-norm statistics are synchronised across replicas (``batchnorm='sync'``), s
 update every weight (BN moving statistics included) exactly like one step on the 8 rows on one device; plain SGD
 makes any wrong gradient scaling (e.g. a missing sum in all_gather's gradient) visible.
 """
+
 import json
 import os
 import subprocess

@@ -1,5 +1,6 @@
 """Pretrained-weight paths (hub.KerasLayer on a local SavedModel, BERT checkpoint, local ResNet weights), SavedModel
 export of the encoders, and training-only image augmentation."""
+
 import dataclasses
 import os
 import shutil
@@ -16,9 +17,14 @@ def test_hub_text_tower_loads_a_local_saved_model_and_matches_the_bert_tower(voc
     cfg = tiny_config()
     bert_tower = build_text_tower(cfg.text, 16, vocab_file)
     encoder = bert_tower.core.get_layer("bert_encoder")
-    inputs = {k: tf.keras.Input(shape=(32,), dtype=tf.int32, name=k) for k in ("input_word_ids", "input_mask", "input_type_ids")}
+    inputs = {
+        k: tf.keras.Input(shape=(32,), dtype=tf.int32, name=k)
+        for k in ("input_word_ids", "input_mask", "input_type_ids")
+    }
     outputs = encoder(inputs)
-    exported = tf.keras.Model(inputs, {"sequence_output": outputs["sequence_output"], "pooled_output": outputs["pooled_output"]})
+    exported = tf.keras.Model(
+        inputs, {"sequence_output": outputs["sequence_output"], "pooled_output": outputs["pooled_output"]}
+    )
     handle = str(tmp_path / "tiny_bert")
     exported.save(handle, save_format="tf", include_optimizer=False)
     os.makedirs(os.path.join(handle, "assets"), exist_ok=True)

@@ -1,4 +1,5 @@
 """Towers: shapes, unit norm, raw strings in, in-graph tokenisation == eager tokenizer, decoding, encoders == model."""
+
 import numpy as np
 import pytest
 import tensorflow as tf

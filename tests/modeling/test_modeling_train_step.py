@@ -1,4 +1,5 @@
 """Train step: two optimizers, loss decreases on a fixed batch, schedules, logit-scale wiring."""
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -59,8 +60,12 @@ def test_train_step_reduces_the_loss_and_updates_both_towers(vocab_file):
     recall = history["in_batch_recall_at_1"]
     assert recall[-1] >= 0.5 and recall[-1] > recall[0], recall
     assert model.text_optimizer.iterations.numpy() == 15 and model.image_optimizer.iterations.numpy() == 15
-    assert all(np.any(a != b.numpy()) for a, b in zip(text_before, model.text_variables, strict=True) if b.shape.rank == 2)
-    assert all(np.any(a != b.numpy()) for a, b in zip(image_before, model.image_variables, strict=True) if b.shape.rank == 4)
+    assert all(
+        np.any(a != b.numpy()) for a, b in zip(text_before, model.text_variables, strict=True) if b.shape.rank == 2
+    )
+    assert all(
+        np.any(a != b.numpy()) for a, b in zip(image_before, model.image_variables, strict=True) if b.shape.rank == 4
+    )
 
 
 def test_logit_scale_wiring(vocab_file):
@@ -96,4 +101,6 @@ def test_xla_compiled_step_matches_the_graph_step(vocab_file):
     loss_ref, _, _, text_ref, image_ref = tf.function(model._compute_gradients, autograph=False)(*inputs)
     np.testing.assert_allclose(float(loss_xla), float(loss_ref), rtol=1e-4)
     for a, b in zip(text_xla + image_xla, text_ref + image_ref, strict=True):
-        np.testing.assert_allclose(tf.convert_to_tensor(a).numpy(), tf.convert_to_tensor(b).numpy(), rtol=2e-3, atol=1e-5)
+        np.testing.assert_allclose(
+            tf.convert_to_tensor(a).numpy(), tf.convert_to_tensor(b).numpy(), rtol=2e-3, atol=1e-5
+        )

@@ -1,5 +1,6 @@
 """ProxySimilarity (training, checkpoints, SavedModel), proxy_relevance, fixed centroids, the SoftTriple centre
 regulariser, and linear metric learning with MahalanobisProjection + LMNN / NCA under model.fit."""
+
 import importlib.util
 import pathlib
 import sys
@@ -60,8 +61,12 @@ def test_soft_triple_center_regularizer_matches_definition(rng):
     c, k = 3, 4
     w = rng.normal(size=(c * k, 5))
     wn = w / np.linalg.norm(w, axis=1, keepdims=True)
-    total = sum(np.sqrt(2 + 1e-5 - 2 * wn[a * k + i] @ wn[a * k + j]) for a in range(c) for i in range(k)
-                for j in range(i + 1, k))
+    total = sum(
+        np.sqrt(2 + 1e-5 - 2 * wn[a * k + i] @ wn[a * k + j])
+        for a in range(c)
+        for i in range(k)
+        for j in range(i + 1, k)
+    )
     reg = SoftTripleCenterRegularizer(c, k, weight=0.2)
     assert float(reg(tf.constant(w, tf.float32))) == pytest.approx(0.2 * total / (c * k * (k - 1)), rel=1e-5)
     assert float(SoftTripleCenterRegularizer(c, 1)(tf.constant(w[:c], tf.float32))) == 0.0
@@ -70,8 +75,13 @@ def test_soft_triple_center_regularizer_matches_definition(rng):
 def _proxy_model(num_classes, k=1, regularizer=None):
     inputs = tf.keras.Input([6])
     emb = tf.keras.layers.Dense(4, kernel_initializer=tf.keras.initializers.GlorotUniform(seed=1))(inputs)
-    sim = ProxySimilarity(num_classes, k, proxy_regularizer=regularizer,
-                          proxy_initializer=tf.keras.initializers.HeNormal(seed=2), name="proxies")(emb)
+    sim = ProxySimilarity(
+        num_classes,
+        k,
+        proxy_regularizer=regularizer,
+        proxy_initializer=tf.keras.initializers.HeNormal(seed=2),
+        name="proxies",
+    )(emb)
     return tf.keras.Model(inputs, sim)
 
 
@@ -111,7 +121,9 @@ def test_saved_model_keeps_proxies_regulariser_and_loss(rng, tmp_path):
     path = str(tmp_path / "model.keras")
     model.save(path)
     loaded = tf.keras.models.load_model(path)
-    np.testing.assert_array_equal(loaded.get_layer("proxies").proxies.numpy(), model.get_layer("proxies").proxies.numpy())
+    np.testing.assert_array_equal(
+        loaded.get_layer("proxies").proxies.numpy(), model.get_layer("proxies").proxies.numpy()
+    )
     assert isinstance(loaded.loss, SoftTripleLoss) and loaded.loss.proxies_per_class == k
     assert loaded.evaluate(x, rel, verbose=0) == pytest.approx(model.evaluate(x, rel, verbose=0), rel=1e-6)
 
@@ -133,15 +145,22 @@ def test_mahalanobis_projection_metric_and_pairwise_distance(rng):
 
 def _pk_batches(x, y, steps, classes=5, per_class=4, seed=0):
     xs, rels = [], []
-    for xb, yb in pk_sample(tf.data.Dataset.from_tensor_slices((x, y)), classes, per_class, seed=seed, num_batches=steps):
+    for xb, yb in pk_sample(
+        tf.data.Dataset.from_tensor_slices((x, y)), classes, per_class, seed=seed, num_batches=steps
+    ):
         xs.append(xb.numpy())
         rels.append(relevance_from_ids(yb, yb, exclude_self=True).numpy())
     return tf.data.Dataset.from_tensor_slices((np.stack(xs), np.stack(rels)))
 
 
-@pytest.mark.parametrize("loss", [LMNNLoss(margin=1.0, similarity="negative_squared_distance"),
-                                  NCALoss(scale=0.1, similarity="negative_squared_distance")],
-                         ids=["lmnn", "nca"])
+@pytest.mark.parametrize(
+    "loss",
+    [
+        LMNNLoss(margin=1.0, similarity="negative_squared_distance"),
+        NCALoss(scale=0.1, similarity="negative_squared_distance"),
+    ],
+    ids=["lmnn", "nca"],
+)
 def test_linear_metric_learning_with_fit_improves_knn(loss):
     x, y = make_labelled_data(num_classes=10, per_class=24, signal_dim=3, nuisance_dim=9, seed=3)
     train = (np.arange(len(y)) % 24) < 16

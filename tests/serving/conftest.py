@@ -1,86 +1,13 @@
-"""Stand-in towers for the serving tests: the interface of ``TwoTowerModel.text_encoder`` / ``.image_encoder``
-(raw string batch -> float32 [B, d] unit vectors, preprocessing inside the graph), tiny and fast.
+"""Fixtures of the serving tests: a read-only export of the stand-in towers and per-test copies of it."""
 
-The text tower lower-cases with TF-Text's ``case_fold_utf8`` on purpose, so its SavedModel needs TF-Text's
-ops like the real WordPiece tower does, and the tests exercise the ``import tensorflow_text`` requirement.
-"""
 import numpy as np
 import pytest
-import tensorflow as tf
-
-import ce_retrieval  # noqa: F401
-
-
-class HashTextEncoder(tf.keras.Model):
-    """case fold -> whitespace tokens -> hashed ids -> mean of embeddings -> dense -> L2 normalise."""
-
-    def __init__(self, dim=16, buckets=257, **kw):
-        super().__init__(**kw)
-        self.buckets = buckets
-        self.table = tf.keras.layers.Embedding(buckets, 24)
-        self.proj = tf.keras.layers.Dense(dim)
-
-    def call(self, texts, training=False):
-        import tensorflow_text as tf_text
-
-        tokens = tf.strings.split(tf_text.case_fold_utf8(texts))
-        ids = tf.strings.to_hash_bucket_fast(tokens, self.buckets)
-        vecs = tf.ragged.map_flat_values(self.table, ids)
-        pooled = tf.reduce_sum(vecs, axis=1) / tf.maximum(tf.cast(ids.row_lengths(), tf.float32), 1.0)[:, None]
-        return tf.math.l2_normalize(self.proj(pooled), axis=-1)
-
-
-class PixelImageEncoder(tf.keras.Model):
-    """decode JPEG/PNG -> resize 8x8 -> flatten -> dense -> L2 normalise."""
-
-    def __init__(self, dim=16, size=8, **kw):
-        super().__init__(**kw)
-        self.size = size
-        self.proj = tf.keras.layers.Dense(dim)
-
-    def call(self, image_bytes, training=False):
-        def decode(b):
-            img = tf.io.decode_image(b, channels=3, expand_animations=False)
-            return tf.image.resize(tf.cast(img, tf.float32) / 255.0, (self.size, self.size))
-
-        imgs = tf.map_fn(decode, image_bytes, fn_output_signature=tf.TensorSpec([self.size, self.size, 3], tf.float32))
-        return tf.math.l2_normalize(self.proj(tf.reshape(imgs, [-1, self.size * self.size * 3]) - 0.5), axis=-1)
-
-
-def make_towers(dim=16, seed=0):
-    tf.keras.utils.set_random_seed(seed)
-    text, image = HashTextEncoder(dim), PixelImageEncoder(dim)
-    text(tf.constant(["build"]))
-    image(tf.constant([png_images(1, seed=seed)[0]]))
-    return text, image
-
-
-def png_images(n, seed=0, size=12):
-    rng = np.random.default_rng(seed)
-    return [tf.io.encode_png(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).numpy() for _ in range(n)]
-
-
-def captions(n, seed=0):
-    rng = np.random.default_rng(seed)
-    words = np.array("a the dog cat red blue runs sits on under big small tree car beach City Ünïcode 東京".split())
-    return [" ".join(rng.choice(words, size=rng.integers(2, 7))) for _ in range(n)]
+from serving_fixtures import GALLERY_SIZE, THRESHOLDS, make_towers, png_images
 
 
 @pytest.fixture
 def towers():
     return make_towers()
-
-
-def clustered_unit_vectors(n, dim, num_clusters=40, spread=0.35, seed=0):
-    """Unit vectors around random cluster centres (like embeddings of a gallery of related images)."""
-    rng = np.random.default_rng(seed)
-    centers = rng.normal(size=(num_clusters, dim))
-    x = centers[rng.integers(0, num_clusters, n)] / np.sqrt(dim) + spread * rng.normal(size=(n, dim)) / np.sqrt(dim)
-    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
-
-
-GALLERY_SIZE = 300
-THRESHOLDS = {"0.5": 0.2, "0.8": 0.5, "0.9": 0.7}
 
 
 @pytest.fixture(scope="session")

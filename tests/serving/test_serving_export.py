@@ -1,5 +1,6 @@
 """Export: TF Serving layout, signatures (saved_model_cli), fresh-process reload equality, REST-style requests,
 atomic versioning under simulated crashes."""
+
 import base64
 import json
 import os
@@ -9,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import captions, make_towers, png_images
+from serving_fixtures import captions, make_towers, png_images
 
 from ce_retrieval.serving import export as export_mod
 from ce_retrieval.serving import layout
@@ -83,9 +84,16 @@ def test_fresh_process_reload_equals_keras_with_rest_requests(base_export, tmp_p
     with open(tmp_path / "text_encoder_request.json", "w") as f:
         json.dump(dict(text_request, instances=[{"text": t} for t in texts]), f, ensure_ascii=False)
     with open(tmp_path / "image_encoder_request.json", "w") as f:
-        json.dump(dict(image_request, instances=[{"image_bytes": {"b64": base64.b64encode(b).decode()}} for b in images]), f)
-    proc = subprocess.run([sys.executable, "-c", _FRESH_PROCESS, base_export["dir"], str(tmp_path)], env=ENV,
-                          capture_output=True, text=True, timeout=300)
+        json.dump(
+            dict(image_request, instances=[{"image_bytes": {"b64": base64.b64encode(b).decode()}} for b in images]), f
+        )
+    proc = subprocess.run(
+        [sys.executable, "-c", _FRESH_PROCESS, base_export["dir"], str(tmp_path)],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((tmp_path / "result.json").read_text())
     assert "CaseFoldUTF8" in result["missing_op_error"]
@@ -107,8 +115,9 @@ def test_fresh_process_reload_equals_keras_with_rest_requests(base_export, tmp_p
 def test_saved_model_cli_signatures(base_export):
     cli = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
     root = base_export["dir"]
-    proc = subprocess.run([cli, "show", "--dir", f"{root}/text_encoder/1", "--all"], env=ENV, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [cli, "show", "--dir", f"{root}/text_encoder/1", "--all"], env=ENV, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     text_out = proc.stdout
     for sig in ("serving_default", "embed_text"):
@@ -168,7 +177,9 @@ def test_hard_kill_leftovers_are_invisible(export_copy):
     os.rename(os.path.join(export_copy, "image_v1_aside"), os.path.join(export_copy, layout.IMAGE_ENCODER, "1"))
     import shutil
 
-    shutil.copytree(os.path.join(export_copy, layout.TEXT_ENCODER, "1"), os.path.join(export_copy, layout.TEXT_ENCODER, "3"))
+    shutil.copytree(
+        os.path.join(export_copy, layout.TEXT_ENCODER, "1"), os.path.join(export_copy, layout.TEXT_ENCODER, "3")
+    )
     assert layout.versions(os.path.join(export_copy, layout.TEXT_ENCODER)) == [1, 3]
     assert layout.complete_versions(export_copy) == [1] and layout.servable_versions(export_copy) == [1]
     assert layout.next_version(export_copy) == 4  # a half-published number is never reused
@@ -185,11 +196,13 @@ def test_export_cli_uses_load_trained(base_export, tmp_path, monkeypatch, capsys
     class FakeConfig:
         name: str = "tiny"
 
-    model = types.SimpleNamespace(text_encoder=base_export["text"], image_encoder=base_export["image"],
-                                  logit_scale=tf.constant(12.5))
+    model = types.SimpleNamespace(
+        text_encoder=base_export["text"], image_encoder=base_export["image"], logit_scale=tf.constant(12.5)
+    )
     calls = []
-    monkeypatch.setattr(ce_retrieval.training, "load_trained", lambda d: calls.append(d) or (FakeConfig(), model),
-                        raising=False)
+    monkeypatch.setattr(
+        ce_retrieval.training, "load_trained", lambda d: calls.append(d) or (FakeConfig(), model), raising=False
+    )
     out = str(tmp_path / "cli_export")
     assert cli.main(["export", "--model_dir", "some/run", "--export_dir", out, "--version", "7", "--no_verify"]) == 0
     assert calls == ["some/run"] and "custom ops a TF Serving build must link: CaseFoldUTF8" in capsys.readouterr().out

@@ -1,12 +1,13 @@
 """Gallery index: ScaNN recall on a generated gallery, exact scores, exact threshold search vs brute force,
 loading from another working directory, and refusal of an index that does not match the model."""
+
 import json
 import os
 import shutil
 
 import numpy as np
 import pytest
-from conftest import clustered_unit_vectors
+from serving_fixtures import clustered_unit_vectors
 
 from ce_retrieval.evaluation.search import exact_search
 from ce_retrieval.serving import layout
@@ -117,13 +118,17 @@ def test_bad_gallery_input_is_rejected(export_copy):
     with pytest.raises(FileExistsError, match="overwrite"):
         build_index(x, np.arange(10), export_copy, 1)
     manifest = build_index(x, np.arange(10), export_copy, 1, overwrite=True)  # atomic replacement
-    assert json.load(open(os.path.join(export_copy, "index", "1", "manifest.json")))["num_items"] == manifest["num_items"] == 10
+    assert (
+        json.load(open(os.path.join(export_copy, "index", "1", "manifest.json")))["num_items"]
+        == manifest["num_items"]
+        == 10
+    )
     assert sorted(os.listdir(os.path.join(export_copy, "index"))) == ["1"]
 
 
 def test_index_cli_from_folder_and_tfrecord(base_export, export_copy, tmp_path, capsys):
     import tensorflow as tf
-    from conftest import png_images
+    from serving_fixtures import png_images
 
     from ce_retrieval import cli
     from ce_retrieval.serving.export import embed_with_keras
@@ -135,20 +140,36 @@ def test_index_cli_from_folder_and_tfrecord(base_export, export_copy, tmp_path, 
         (folder / f"{100 + i}.png").write_bytes(b)
     report = tmp_path / "eval.json"
     report.write_text(json.dumps({"threshold_at_precision": {"0.5": 0.1, "0.9": 0.6}}))
-    assert cli.main(["index", "--export_dir", export_copy, "--images", str(folder), "--overwrite",
-                     "--thresholds_json", str(report)]) == 0
+    assert (
+        cli.main(
+            [
+                "index",
+                "--export_dir",
+                export_copy,
+                "--images",
+                str(folder),
+                "--overwrite",
+                "--thresholds_json",
+                str(report),
+            ]
+        )
+        == 0
+    )
     assert "index version 1: 12 items, brute_force" in capsys.readouterr().out
     index = GalleryIndex.load(os.path.join(export_copy, "index", "1"))
     assert sorted(index.ids.tolist()) == list(range(100, 112))
     assert index.manifest["thresholds"]["threshold_at_precision"] == {"0.5": 0.1, "0.9": 0.6}
-    np.testing.assert_allclose(index.embeddings[np.argsort(index.ids)], embed_with_keras(base_export["image"], images),
-                               atol=1e-5)
+    np.testing.assert_allclose(
+        index.embeddings[np.argsort(index.ids)], embed_with_keras(base_export["image"], images), atol=1e-5
+    )
 
     record = str(tmp_path / "gallery.tfrecord")
     with tf.io.TFRecordWriter(record) as w:  # one record per caption: image 7 appears twice
         for image_id, b in ((7, images[0]), (9, images[1]), (7, images[0])):
-            feats = {"image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b])),
-                     "image_id": tf.train.Feature(int64_list=tf.train.Int64List(value=[image_id]))}
+            feats = {
+                "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b])),
+                "image_id": tf.train.Feature(int64_list=tf.train.Int64List(value=[image_id])),
+            }
             w.write(tf.train.Example(features=tf.train.Features(feature=feats)).SerializeToString())
     assert cli.main(["index", "--export_dir", export_copy, "--images", record, "--overwrite"]) == 0
     assert sorted(GalleryIndex.load(os.path.join(export_copy, "index", "1")).ids.tolist()) == [7, 9]

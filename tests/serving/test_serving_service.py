@@ -1,5 +1,6 @@
 """Searcher (top-k / threshold / calibrated precision vs brute force, CLI) and the HTTP service with a real
 client on 127.0.0.1: valid and invalid requests, timeout, metrics, and a version reload under load."""
+
 import json
 import threading
 import time
@@ -7,7 +8,7 @@ import time
 import httpx
 import numpy as np
 import pytest
-from conftest import THRESHOLDS, captions, make_towers, png_images
+from serving_fixtures import THRESHOLDS, captions, make_towers, png_images
 
 from ce_retrieval import cli
 from ce_retrieval.serving.export import embed_with_keras, export_encoders
@@ -54,6 +55,7 @@ def _slow_loader(delay):
         fast = s.search
         s.search = lambda *a, **kw: (time.sleep(delay), fast(*a, **kw))[1]
         return s
+
     return load
 
 
@@ -113,7 +115,9 @@ def test_service_timeout(base_export):
 
 
 def test_service_reloads_new_version_without_dropping_requests(base_export, export_copy):
-    app = create_app(export_copy, reload_interval_s=0.2, timeout_s=120, loader=_slow_loader(0.05))  # no 504 on a busy CI box
+    app = create_app(
+        export_copy, reload_interval_s=0.2, timeout_s=120, loader=_slow_loader(0.05)
+    )  # no 504 on a busy CI box
     statuses, versions, stop = [], set(), threading.Event()
 
     def client_loop(url):

@@ -3,16 +3,28 @@
 The contract of the retrieval task (``ce_retrieval.tasks``): one short step per loss on a tiny model, built the way
 ``ce-retrieval train`` builds it (config → task → loss with λ from ``model.logit_scale`` → compiled model).
 """
+
 import dataclasses
+import pathlib
+import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from modeling_fixtures import make_batch, tiny_config
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "modeling"))  # the modeling tests' helpers
+from modeling_fixtures import VOCAB, make_batch, tiny_config  # noqa: E402
 
 from ce_retrieval import configs, losses
 from ce_retrieval.configs.experiment import ExperimentConfig, LossConfig
 from ce_retrieval.tasks import RetrievalTask
+
+
+@pytest.fixture(scope="module")
+def task_vocab_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("vocab") / "vocab.txt"
+    path.write_text("\n".join(VOCAB) + "\n")
+    return str(path)
 
 
 def _experiment(loss_name: str, **loss_kwargs) -> ExperimentConfig:
@@ -102,3 +114,36 @@ def test_the_model_refuses_a_loss_with_another_lambda(task_vocab_file):
     with pytest.raises(TypeError, match="pass a loss instance"):
         model.compile(loss="sampled_softmax", text_optimizer=text_opt, image_optimizer=image_opt)
     tf.keras.backend.clear_session()
+
+
+def _poisoned(task_vocab_file, jit: bool, policy: str, on_bad_batch: str):
+    """A compiled model whose text projection holds a NaN: every score of the next step is NaN."""
+    tf.keras.mixed_precision.set_global_policy(policy)
+    cfg = _experiment("CrossExampleNegativeMining")
+    cfg.train = dataclasses.replace(cfg.train, jit_compile=jit, on_bad_batch=on_bad_batch)
+    model = RetrievalTask(cfg).build_compiled_model(task_vocab_file, total_steps=10)
+    kernel = next(v for v in model.text_variables if v.shape.rank == 2 and "projection" in v.name)
+    poisoned = kernel.numpy()
+    poisoned[0, 0] = np.nan
+    kernel.assign(poisoned)
+    return model
+
+
+@pytest.mark.parametrize("jit, policy", [(True, "float32"), (False, "float32"), (True, "mixed_float16")])
+def test_a_nan_step_stops_training_with_an_error_naming_the_step(task_vocab_file, jit, policy):
+    model = _poisoned(task_vocab_file, jit, policy, "stop")
+    image_before = [v.numpy().copy() for v in model.image_variables]
+    # Under XLA the loss's own NaN check is compiled away: the step's flag check is what stops it.
+    expected = r"training step.*has a NaN or Inf loss or gradient" if jit else r"NaN or Inf"
+    with pytest.raises(tf.errors.InvalidArgumentError, match=expected):
+        model.train_on_batch(make_batch())
+    assert all(np.array_equal(a, v.numpy()) for a, v in zip(image_before, model.image_variables, strict=True))
+
+
+def test_skip_leaves_the_weights_and_counts_the_step(task_vocab_file):
+    model = _poisoned(task_vocab_file, True, "float32", "skip")
+    image_before = [v.numpy().copy() for v in model.image_variables]
+    logs = model.train_on_batch(make_batch(), return_dict=True)
+    assert int(logs["skipped_steps"]) == 1
+    assert all(np.array_equal(a, v.numpy()) for a, v in zip(image_before, model.image_variables, strict=True))
+    assert int(model.image_optimizer.iterations.numpy()) == 0

@@ -1,4 +1,5 @@
 """The shipped YAML configs load, and bad keys/values fail with errors naming them."""
+
 import pytest
 
 from ce_retrieval import configs
@@ -24,8 +25,15 @@ def test_paper_config_matches_the_paper():
 
 
 @pytest.mark.parametrize(
-    "loss", ["SampledSoftmax", "StochasticNegativeMining", "LargeMarginSoftmax", "AngularSoftmax",
-             "CrossExampleSoftmax", "CrossExampleNegativeMining"]
+    "loss",
+    [
+        "SampledSoftmax",
+        "StochasticNegativeMining",
+        "LargeMarginSoftmax",
+        "AngularSoftmax",
+        "CrossExampleSoftmax",
+        "CrossExampleNegativeMining",
+    ],
 )
 def test_each_paper_loss_selectable(loss):
     cfg = configs.load_experiment(resolve_config("cc3m_paper"), [f"loss.name={loss}"])

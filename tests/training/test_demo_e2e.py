@@ -1,5 +1,6 @@
 """The README's main job (``ce-retrieval demo``) end to end on a tiny config: train (and the Sampled Softmax
 baseline) -> evaluate side by side -> export -> index -> query through the HTTP service, in a fresh process."""
+
 import json
 import os
 import subprocess
@@ -14,14 +15,37 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 @pytest.mark.slow
 def test_demo_runs_every_stage(tmp_path):
     workdir = tmp_path / "demo"
-    cmd = [sys.executable, "-m", "ce_retrieval.cli", "demo", "--workdir", str(workdir), "--params_override",
-           TINY_OVERRIDE + ",evaluation.distractors=10,data.num_test_images=24,data.num_val_images=24,"
-           "evaluation.every_n_epochs=0", "--queries", "a red circle", "two blue squares"]
-    done = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "3"},
-                          capture_output=True, text=True, timeout=900)
+    cmd = [
+        sys.executable,
+        "-m",
+        "ce_retrieval.cli",
+        "demo",
+        "--workdir",
+        str(workdir),
+        "--params_override",
+        TINY_OVERRIDE + ",evaluation.distractors=10,data.num_test_images=24,data.num_val_images=24,"
+        "evaluation.every_n_epochs=0",
+        "--queries",
+        "a red circle",
+        "two blue squares",
+    ]
+    done = subprocess.run(
+        cmd,
+        env={**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "3"},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout
-    for stage in ("[1/6] train", "[2/6] train the baseline", "[3/6] evaluate", "[4/6] export", "[5/6] index", "[6/6] query"):
+    for stage in (
+        "[1/6] train",
+        "[2/6] train the baseline",
+        "[3/6] evaluate",
+        "[4/6] export",
+        "[5/6] index",
+        "[6/6] query",
+    ):
         assert stage in out
     assert "calibration, side by side" in out and "SampledSoftmax" in out and "CrossExampleSoftmax" in out
     assert (workdir / "eval" / "calibration_side_by_side.png").stat().st_size > 10_000

@@ -1,4 +1,5 @@
 """The trainer end to end: model.fit on the synthetic set, checkpoints, resume after SIGKILL, multi-worker."""
+
 import json
 import os
 import signal
@@ -22,8 +23,18 @@ def _tiny_cfg(*extra):
 
 
 def _cli(model_dir, *overrides, env=None):
-    cmd = [sys.executable, "-m", "ce_retrieval.cli", "train", "--config", "synthetic_demo", "--model_dir", str(model_dir),
-           "--params_override", TINY_OVERRIDE]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ce_retrieval.cli",
+        "train",
+        "--config",
+        "synthetic_demo",
+        "--model_dir",
+        str(model_dir),
+        "--params_override",
+        TINY_OVERRIDE,
+    ]
     for o in overrides:
         cmd += ["--params_override", o]
     full_env = {**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "3", **(env or {})}
@@ -88,8 +99,9 @@ def test_multi_worker_mirrored_two_processes(tmp_path):
     procs = []
     for index in range(2):
         tf_config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
-        cmd, env = _cli(tmp_path / "run", "train.strategy=multi_worker,evaluation.every_n_epochs=0",
-                        env={"TF_CONFIG": tf_config})
+        cmd, env = _cli(
+            tmp_path / "run", "train.strategy=multi_worker,evaluation.every_n_epochs=0", env={"TF_CONFIG": tf_config}
+        )
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     outs = [p.communicate(timeout=300)[0].decode() for p in procs]
     for p, out in zip(procs, outs, strict=True):

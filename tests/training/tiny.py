@@ -1,4 +1,5 @@
 """A tiny experiment (seconds on CPU) for the training-system tests."""
+
 TINY_OVERRIDE = (
     "data.num_train_images=48,data.num_val_images=12,data.num_test_images=12,data.image_size=32,"
     "model.embedding_dim=16,model.text.hidden_size=16,model.text.num_layers=1,model.text.num_attention_heads=2,"

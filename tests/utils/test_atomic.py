@@ -1,5 +1,6 @@
 """ce_retrieval.utils.atomic, the one writer of artefacts: whole files or nothing, the final extension kept on the
 temporary name, plain-open() permissions, and whole folders published with one rename."""
+
 import os
 import stat
 
