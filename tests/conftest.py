@@ -1,7 +1,6 @@
 """Shared test set-up: legacy Keras, quiet TensorFlow, deterministic seeds, a fresh Keras session per test."""
 
 import os
-import random
 
 os.environ["TF_USE_LEGACY_KERAS"] = "1"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -17,11 +16,9 @@ import ce_retrieval  # noqa: E402,F401  (sets the Keras mode before TensorFlow l
 def _fresh_keras_state():
     tf.keras.backend.clear_session()
     tf.keras.mixed_precision.set_global_policy("float32")
-    # Every test starts from the same random state whatever ran before it on this worker (tf.random.set_seed does
-    # not reset the global Generator, which training with train.deterministic replaces process-wide).
-    random.seed(0)
-    np.random.seed(0)
-    tf.random.set_seed(0)
+    # Every test starts from the same random state whatever ran before it on this worker (tf.random.set_seed resets
+    # neither Keras's seed generator nor TF's global Generator, which train.deterministic replaces process-wide).
+    tf.keras.utils.set_random_seed(0)  # Python, NumPy, TF and Keras's own seed generator for unseeded initialisers
     tf.random.set_global_generator(tf.random.Generator.from_seed(0))
     yield
     tf.keras.mixed_precision.set_global_policy("float32")
