@@ -1,11 +1,14 @@
 """ce_retrieval: cross-example softmax and deep metric learning for two-tower image-text retrieval."""
+
 from setuptools import find_packages, setup
 
 setup(
     name="ce_retrieval",
     version="0.1.0",
     description=__doc__,
-    long_description=open("README.md", encoding="utf-8").read() if __import__("os").path.exists("README.md") else __doc__,
+    long_description=open("README.md", encoding="utf-8").read()
+    if __import__("os").path.exists("README.md")
+    else __doc__,
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.10,<3.13",

@@ -76,33 +76,45 @@ os.environ["TF_USE_LEGACY_KERAS"] = "1"
 import numpy as np
 import tensorflow as tf
 import ce_retrieval
+from tf_keras.src.engine.compile_utils import LossesContainer
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 from ce_retrieval.losses import CrossExampleSoftmax
 s = tf.constant(np.random.default_rng(0).normal(size=(4, 4)), tf.float32)
 y = tf.eye(4)
-loss = CrossExampleSoftmax(scale=5.0)
-whole = float(loss(y, s))
+whole = float(CrossExampleSoftmax(scale=5.0)(y, s))
 strategy = tf.distribute.MirroredStrategy(tf.config.list_logical_devices("CPU")[:2])
+with strategy.scope():
+    summed_loss = CrossExampleSoftmax(scale=5.0, reduction="sum")
+    compiled = LossesContainer(CrossExampleSoftmax(scale=5.0))  # what model.compile(loss=...) wraps
+    auto_loss = CrossExampleSoftmax(scale=5.0)
 def step():
     with tf.GradientTape() as tape:
         tape.watch(s)
-        value = loss(y, s)
-    return value, tape.gradient(value, s)
-values, grads = strategy.run(step)
+        value = summed_loss(y, s)
+    return value, tape.gradient(value, s), compiled(y, s)
+values, grads, compiled_values = strategy.run(step)
+try:
+    strategy.run(lambda: auto_loss(y, s))
+    refused = ""
+except ValueError as e:
+    refused = str(e)
 with tf.GradientTape() as tape:
     tape.watch(s)
-    reference = loss(y, s)
+    reference = CrossExampleSoftmax(scale=5.0)(y, s)
 print(json.dumps({"replicas": strategy.num_replicas_in_sync, "whole": whole,
-                  "summed": float(strategy.reduce("SUM", values, axis=None)),
                   "per_replica": [float(v) for v in strategy.experimental_local_results(values)],
+                  "compiled": [float(v) for v in strategy.experimental_local_results(compiled_values)],
+                  "refused": refused,
                   "grad_error": float(tf.reduce_max(tf.abs(strategy.reduce("SUM", grads, axis=None)
-                                                           - tape.gradient(reference, s))))}))
+                                                           - 2 * tape.gradient(reference, s))))}))
 """
 
 
-def test_replica_scaling_under_mirrored_strategy_with_two_replicas():
-    """Each of R replicas returns L / R of the global-batch loss, so Keras's SUM over replicas gives L and dL/dS."""
+def test_losses_leave_replica_scaling_to_the_step_and_to_keras():
+    """Under a 2-replica strategy a loss returns the objective of the matrix it is given (reduction='sum': L on
+    every replica, gradients summing to 2 dL/dS: the caller scales); inside ``model.compile`` Keras divides it by
+    the replica count itself (L / 2 each); a custom loop with the default reduction gets Keras's own refusal."""
     import json
     import subprocess
     import sys
@@ -111,9 +123,10 @@ def test_replica_scaling_under_mirrored_strategy_with_two_replicas():
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["replicas"] == 2
-    assert out["per_replica"] == pytest.approx([out["whole"] / 2] * 2, rel=1e-6)
-    assert out["summed"] == pytest.approx(out["whole"], rel=1e-6)
-    assert out["grad_error"] < 1e-6
+    assert out["per_replica"] == pytest.approx([out["whole"]] * 2, rel=1e-6)
+    assert out["compiled"] == pytest.approx([out["whole"] / 2] * 2, rel=1e-6)
+    assert "reduction" in out["refused"].lower()
+    assert out["grad_error"] < 1e-5
 
 
 def test_cli_lists_commands(capsys):

@@ -15,16 +15,17 @@ base class owns everything else:
   statically where shapes are known and with ``tf.debugging`` asserts at run time (eager and graph mode;
   XLA compiles asserts out, so under ``jit_compile=True`` only the static checks remain);
 * float32 computation whatever the input dtype (float16/bfloat16 mixed precision);
-* ``bidirectional=True``: mean of the loss on ``S`` (text->image) and on ``S^T`` (image->text), as CLIP;
-* distribution: the value is divided by ``num_replicas_in_sync`` when called in a replica context.
+* ``bidirectional=True``: mean of the loss on ``S`` (text->image) and on ``S^T`` (image->text), as CLIP.
 
-Distributed semantics. The two-tower model gathers the embeddings of all replicas (``all_gather``), so each
-replica passes the **global** ``[N_global, M_global]`` matrix and computes the same global loss ``L``. Keras
-sums gradients over replicas, and the gradient of ``all_gather`` sums the upstream gradients of every replica,
-so returning ``L / R`` per replica gives exactly ``dL/dtheta`` after the all-reduce, and a logged value of
-``L`` after summing. If a caller passes a per-replica (local) matrix instead, the same scaling yields the mean
-of the replicas' local losses. The reduction is therefore fixed to ``SUM`` (Keras must not rescale again);
-``sample_weight`` is not supported (weight pairs through ``y_true`` instead).
+Distribution is not the loss's business: a loss returns the objective of the matrix it is given, and whoever runs
+the step scales it for the replicas, as for every Keras loss. ``reduction`` keeps Keras's meaning (the value is
+one scalar, so every reduction returns it unchanged): under ``model.compile``/``fit`` with a strategy, Keras
+divides an ``AUTO``/``SUM_OVER_BATCH_SIZE`` loss by ``num_replicas_in_sync`` itself, which is exact both for
+per-replica matrices (the mean of the replicas' losses) and for all-gathered global matrices (every replica holds
+the global ``L``; Keras sums ``L / R`` over replicas). In a custom loop under a strategy, pass
+``reduction="sum"`` and scale yourself (Keras refuses ``AUTO`` there with its own message). The two-tower model
+owns its step and does the scaling there (``ce_retrieval/modeling/two_tower.py``). ``sample_weight`` is not
+supported (weight pairs through ``y_true`` instead).
 """
 
 from __future__ import annotations
@@ -37,15 +38,6 @@ from ce_retrieval.losses._masked import mean_over_positives
 from ce_retrieval.losses._similarity import require_gram
 from ce_retrieval.losses.registry import default_name, register
 from ce_retrieval.losses.relevance import IGNORED, IRRELEVANT, RELEVANT
-
-
-def replica_scale() -> float | tf.Tensor:
-    """1 / num_replicas_in_sync inside a replica context of a multi-replica strategy, else 1."""
-    ctx = tf.distribute.get_replica_context()
-    if ctx is None:  # cross-replica context: caller reduces itself
-        return 1.0
-    n = ctx.num_replicas_in_sync
-    return 1.0 / n if n > 1 else 1.0
 
 
 def validate_similarity_inputs(y_true, y_pred, name: str = "loss", gram: bool = False):
@@ -104,7 +96,7 @@ def validate_similarity_inputs(y_true, y_pred, name: str = "loss", gram: bool = 
 
 
 class RetrievalLoss(tf.keras.losses.Loss):
-    """Base class: validation, float32, bidirectional averaging, replica scaling, config. See module docstring."""
+    """Base class: validation, float32, bidirectional averaging, config. See module docstring."""
 
     #: The family's loss function ``fn(relevance, scores, **hyperparameters()) -> scalar`` that ``compute`` calls.
     function = None
@@ -135,10 +127,16 @@ class RetrievalLoss(tf.keras.losses.Loss):
         """The λ this instance multiplies S by, or None for a loss without a logit scale."""
         return float(self.scale) if self.has_logit_scale else None
 
-    def __init__(self, bidirectional: bool = False, name: str | None = None, reduction=None, **kwargs):
+    def __init__(
+        self,
+        bidirectional: bool = False,
+        name: str | None = None,
+        reduction: str = tf.keras.losses.Reduction.AUTO,
+        **kwargs,
+    ):
         if bidirectional and not self.supports_bidirectional:
             raise ValueError(f"{type(self).__name__} does not support bidirectional=True")
-        super().__init__(name=name or default_name(type(self)), reduction=tf.keras.losses.Reduction.SUM, **kwargs)
+        super().__init__(name=name or default_name(type(self)), reduction=reduction, **kwargs)
         self.bidirectional = bool(bidirectional)
 
     def __call__(self, y_true, y_pred, sample_weight=None):
@@ -157,7 +155,7 @@ class RetrievalLoss(tf.keras.losses.Loss):
         value = self.compute(relevance, scores)
         if self.bidirectional:
             value = 0.5 * (value + self.compute(tf.transpose(relevance), tf.transpose(scores)))
-        return value * replica_scale()
+        return value
 
     def compute(self, relevance: tf.Tensor, scores: tf.Tensor) -> tf.Tensor:
         """Scalar float32 loss for validated ``relevance`` and ``scores`` (both float32 ``[N, M]``): the class's
@@ -190,7 +188,8 @@ class RetrievalLoss(tf.keras.losses.Loss):
         """``name``, ``bidirectional`` (where supported) and every hyper-parameter: exactly the constructor's
         arguments, so ``type(loss).from_config(loss.get_config())`` rebuilds the loss."""
         config = super().get_config()
-        config.pop("reduction", None)
+        if config.get("reduction") == tf.keras.losses.Reduction.AUTO:
+            config.pop("reduction")
         if self.supports_bidirectional:
             config["bidirectional"] = self.bidirectional
         config.update(self.hyperparameters())
@@ -204,6 +203,5 @@ __all__ = [
     "RetrievalLoss",
     "mean_over_positives",
     "register",
-    "replica_scale",
     "validate_similarity_inputs",
 ]

@@ -14,7 +14,7 @@ same function with the constructor's arguments), wrapped with the class's input 
   positive pair, finite scores and, for :func:`angular`, a Gram matrix): ``ValueError`` for what static shapes
   and dtypes show, ``tf.errors.InvalidArgumentError`` at run time;
 * ``bidirectional=True`` (keyword, where the class offers it) averages with the loss on ``(Rᵀ, Sᵀ)``;
-* no replica scaling: the Keras classes divide by ``num_replicas_in_sync``, these functions do not.
+* no replica scaling, like the Keras classes: the caller's step scales (``docs/losses.md``).
 
 The hyper-parameters and their defaults are the classes' (see each family's module for the equations).
 """

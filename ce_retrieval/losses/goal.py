@@ -49,9 +49,9 @@ and text-anchor triplet sets, and every weight depends only on the anchor's own 
 ``W(S^T) = W(S)^T``: pass goal.md's ``S = X Y^T`` or the two-tower model's ``S = Y X^T`` (rows texts, as the
 other losses), the training update is identical. ``bidirectional`` is therefore not offered.
 
-Distribution and mixed precision: the base class computes in float32 and multiplies the value by
-``1 / num_replicas_in_sync``; the custom gradient multiplies ``W`` by the upstream gradient, so it is scaled
-identically (and by the loss scale of a ``LossScaleOptimizer``).
+Distribution and mixed precision: the base class computes in float32; the caller's replica scaling (the train
+step's ``1 / num_replicas_in_sync``) and a ``LossScaleOptimizer``'s loss scale reach ``W`` through the upstream
+gradient, which the custom gradient multiplies it by.
 
 Which combinations are the gradient of a known loss (derived in docs/goal.md and checked in the tests: for
 the integrable ones ``W`` equals the autodiff gradient of the loss below, summed over both anchors; for the

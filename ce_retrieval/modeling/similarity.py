@@ -6,8 +6,8 @@ Every replica gathers all replicas' unit embeddings (``ReplicaContext.all_gather
 the same global ``[N, N]`` matrix, so the loss sees the whole global batch as negatives (as the paper's
 Cross-Example Softmax needs), like OpenCLIP's ``gather_with_grad=True, local_loss=False``. ``all_gather`` is
 differentiable: its gradient sums the upstream gradients of all replicas for each replica's slice, which with
-the loss's ``1 / num_replicas`` scaling and Keras's SUM all-reduce yields exactly d(global loss)/d(theta)
-(ce_retrieval/losses/base.py). Outside a multi-replica strategy it is the identity.
+the train step's ``1 / num_replicas`` scaling and Keras's SUM all-reduce yields exactly d(global loss)/d(theta)
+(ce_retrieval/modeling/two_tower.py). Outside a multi-replica strategy it is the identity.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ One step on a global batch of B (caption, image, image_id) rows split over R rep
     text params  <- AdamW step on dL/dθ_text (and on s, the learned log-scale, if any)
     image params <- SGD+momentum step on dL/dθ_image
 
-Each replica returns ``L / R`` (the loss base class scales it); Keras sums gradients over replicas and the
+Replica scaling is this step's (losses return the objective of the matrix they are given): each replica takes
+the loss ``L`` of the global matrix and differentiates ``L / R``; Keras sums gradients over replicas and the
 gradient of ``all_gather`` sums the upstream gradients of the replicas, so every replica applies exactly
 ``dL/dθ`` of the global loss: one step under ``MirroredStrategy`` equals one step on the whole batch on one
 device (tested). Mixed precision: under ``mixed_float16`` both optimizers are wrapped in their own dynamic
@@ -41,6 +42,11 @@ from ce_retrieval.modeling.text_tower import Tower
 BAD_BATCH_POLICIES = ("stop", "skip")
 BAD_BATCH_NONFINITE = "has a NaN or Inf loss or gradient (stopping before the update; train.on_bad_batch=skip skips)"
 BAD_BATCH_NO_POSITIVE = "has no positive pair (no caption of the batch matches an image of the batch)"
+
+
+def replica_share() -> float:
+    """1 / R, the share of the global loss each of R replicas differentiates (1 outside a replica context)."""
+    return 1.0 / num_replicas()
 
 
 def num_replicas_in_scope() -> int:
@@ -250,7 +256,8 @@ class TwoTowerModel(tf.keras.Model):
         return text_inputs, pixels, tf.cast(data[IMAGE_ID], tf.int64)
 
     def _global_loss(self, text_inputs, pixels, ids, training: bool):
-        """Towers -> gather -> S -> loss. Returns (per-replica loss L/R, global cosine S, global relevance)."""
+        """Towers -> gather -> S -> loss. Returns (global loss L, global cosine S, global relevance); the
+        caller differentiates ``L / R`` (:func:`replica_share`)."""
         text = self.text_core(text_inputs, training=training)
         image = self.image_core(pixels, training=training)
         text_all, image_all = gather_from_replicas(text), gather_from_replicas(image)
@@ -266,24 +273,27 @@ class TwoTowerModel(tf.keras.Model):
             loss_relevance, loss_scores = relevance, cosine
         if self.learn_logit_scale:
             loss_scores = loss_scores * self.logit_scale
-        loss = self.retrieval_loss(loss_relevance, loss_scores)
-        if self.losses:  # regularisers of the towers: identical on every replica, so scale like the loss
-            loss += tf.add_n([tf.cast(x, tf.float32) for x in self.losses]) / float(num_replicas())
+        # The loss's unreduced value (one scalar): the step, not Keras's loss reduction, scales it for replicas.
+        with tf.name_scope(self.retrieval_loss.name):
+            loss = self.retrieval_loss.call(loss_relevance, loss_scores)
+        if self.losses:  # regularisers of the towers: identical on every replica, part of the global loss
+            loss += tf.add_n([tf.cast(x, tf.float32) for x in self.losses])
         return loss, cosine, relevance
 
     def _compute_gradients(self, text_inputs, pixels, ids):
         text_vars, image_vars = self.text_variables, self.image_variables
         with tf.GradientTape(persistent=self._loss_scaling) as tape:
             loss, cosine, relevance = self._global_loss(text_inputs, pixels, ids, True)
+            share = loss * replica_share()
             if self._loss_scaling:
-                scaled_text = self.text_optimizer.get_scaled_loss(loss)
-                scaled_image = self.image_optimizer.get_scaled_loss(loss)
+                scaled_text = self.text_optimizer.get_scaled_loss(share)
+                scaled_image = self.image_optimizer.get_scaled_loss(share)
         if self._loss_scaling:
             text_grads = self.text_optimizer.get_unscaled_gradients(tape.gradient(scaled_text, text_vars))
             image_grads = self.image_optimizer.get_unscaled_gradients(tape.gradient(scaled_image, image_vars))
             del tape
         else:
-            grads = tape.gradient(loss, text_vars + image_vars)
+            grads = tape.gradient(share, text_vars + image_vars)
             text_grads, image_grads = grads[: len(text_vars)], grads[len(text_vars) :]
         return loss, cosine, relevance, text_grads, image_grads
 
@@ -337,9 +347,8 @@ class TwoTowerModel(tf.keras.Model):
         return self(data, training=False)
 
     def _update_metrics(self, loss, cosine, relevance):
-        # Every replica holds the same global loss L and returns L / R; the Mean trackers aggregate over replicas.
-        global_loss = loss * float(num_replicas())
-        self._loss_tracker.update_state(global_loss)
+        # Every replica holds the same global loss L; the Mean tracker aggregates it over replicas.
+        self._loss_tracker.update_state(loss)
         top1 = tf.argmax(cosine, axis=1, output_type=tf.int32)
         hit = tf.gather(relevance, top1, axis=1, batch_dims=1) > 0
         self._recall_tracker.update_state(tf.reduce_mean(tf.cast(hit, tf.float32)))

@@ -8,9 +8,9 @@ In the manner of TF Model Garden's tasks, :class:`RetrievalTask` builds, from on
 and nothing else in the package reads ``cfg.loss`` or decides which loss gets which λ. The trainer
 (:mod:`ce_retrieval.training.trainer`) owns the run around it: strategy, precision policy, checkpoints, resume.
 
-Replica scaling: the model all-gathers the embeddings, so every replica computes the loss of the **global**
-batch; the loss returns ``L / R`` in a replica context and Keras sums the replicas' gradients, which gives
-exactly ``dL/dθ`` (``docs/architecture.md``). The task builds every loss through the same base class, so this
+Replica scaling: the model this task builds all-gathers the embeddings, so every replica computes the loss
+``L`` of the **global** batch; its train step differentiates ``L / R`` and Keras sums the replicas' gradients,
+which gives exactly ``dL/dθ`` (``docs/architecture.md``). Losses themselves never scale for replicas, so this
 holds for every registered loss; :meth:`RetrievalTask.describe` reports it with the replica count.
 """
 
@@ -122,7 +122,7 @@ class RetrievalTask:
             scale = "no logit scale"
         return (
             f"loss {type(loss).__name__} ({scale}), {strategy.num_replicas_in_sync} replica(s) "
-            f"({type(strategy).__name__}), each computing the global-batch loss / {strategy.num_replicas_in_sync}"
+            f"({type(strategy).__name__}), each differentiating the global-batch loss / {strategy.num_replicas_in_sync}"
         )
 
 

@@ -418,6 +418,7 @@ _DISTRIBUTED = textwrap.dedent(
     rng = np.random.default_rng(0)
     images, texts = rng.normal(size=(8, 6)).astype("float32"), rng.normal(size=(8, 5)).astype("float32")
     loss = GradientObjective("circle", "sigmoid-ms")
+    summed = GradientObjective("circle", "sigmoid-ms", reduction="sum")
     with strategy.scope():
         towers = [tf.keras.layers.Dense(4, use_bias=False) for _ in range(2)]
         towers[0].build((None, 6)); towers[1].build((None, 5))
@@ -437,7 +438,8 @@ _DISTRIBUTED = textwrap.dedent(
         with tf.GradientTape() as tape:
             x, y = embed(a, b)
             x, y = ctx.all_gather(x, axis=0), ctx.all_gather(y, axis=0)  # the global [8, 8] matrix
-            value = loss(tf.eye(8), tf.matmul(x, y, transpose_b=True))
+            # a custom loop scales for replicas itself (reduction="sum": Keras leaves the value alone)
+            value = summed(tf.eye(8), tf.matmul(x, y, transpose_b=True)) / ctx.num_replicas_in_sync
         return value, tape.gradient(value, variables)
 
     shards = strategy.experimental_distribute_values_from_function(
