@@ -1,4 +1,5 @@
-"""Shared test set-up: legacy Keras, quiet TensorFlow, deterministic seeds, a fresh Keras session per test."""
+"""Shared test set-up: Keras 2 for keras-cv (set by the test process, as the ce-retrieval command does), quiet
+TensorFlow, deterministic seeds, a fresh Keras session per test."""
 
 import os
 
@@ -8,20 +9,21 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
+import tf_keras  # noqa: E402
 
-import ce_retrieval  # noqa: E402,F401  (sets the Keras mode before TensorFlow loads)
+import ce_retrieval  # noqa: E402,F401
 
 
 @pytest.fixture(autouse=True)
 def _fresh_keras_state():
-    tf.keras.backend.clear_session()
-    tf.keras.mixed_precision.set_global_policy("float32")
+    tf_keras.backend.clear_session()
+    tf_keras.mixed_precision.set_global_policy("float32")
     # Every test starts from the same random state whatever ran before it on this worker (tf.random.set_seed resets
     # neither Keras's seed generator nor TF's global Generator, which train.deterministic replaces process-wide).
-    tf.keras.utils.set_random_seed(0)  # Python, NumPy, TF and Keras's own seed generator for unseeded initialisers
+    tf_keras.utils.set_random_seed(0)  # Python, NumPy, TF and Keras's own seed generator for unseeded initialisers
     tf.random.set_global_generator(tf.random.Generator.from_seed(0))
     yield
-    tf.keras.mixed_precision.set_global_policy("float32")
+    tf_keras.mixed_precision.set_global_policy("float32")
 
 
 @pytest.fixture

@@ -10,9 +10,15 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
-import ce_retrieval  # noqa: F401  (selects legacy Keras before TensorFlow loads)
+# The command owns its process: it selects Keras 2 for tf.keras before TensorFlow loads, which keras-cv (the image
+# tower's backbone) needs. The library itself never sets it (ce_retrieval/__init__.py).
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import ce_retrieval  # noqa: E402
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 

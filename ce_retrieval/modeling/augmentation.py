@@ -11,19 +11,21 @@ honour ``training=False`` reliably, so the model decides when to call this layer
 from __future__ import annotations
 
 import tensorflow as tf
+import tf_keras
 
 from ce_retrieval.modeling.config import AugmentationConfig
 
 
-class ImageAugmentation(tf.keras.layers.Layer):
+class ImageAugmentation(tf_keras.layers.Layer):
     """Applies the configured keras-cv augmentations to a float32 batch [B, S, S, 3] in [0, 1]."""
 
     def __init__(self, cfg: AugmentationConfig, image_size: int, seed: int | None = None, **kwargs):
         kwargs.setdefault("dtype", "float32")
         kwargs.setdefault("trainable", False)
         super().__init__(**kwargs)
-        import keras_cv
+        from ce_retrieval.modeling.image_tower import import_keras_cv
 
+        keras_cv = import_keras_cv()
         self.cfg = cfg
         self.image_size = int(image_size)
         self._stages = []
@@ -56,7 +58,7 @@ class ImageAugmentation(tf.keras.layers.Layer):
     def active(self) -> bool:
         return bool(self._stages)
 
-    def call(self, inputs):
+    def call(self, inputs) -> tf.Tensor:
         x = tf.convert_to_tensor(inputs, tf.float32)
         for stage in self._stages:
             x = stage(x, training=True)

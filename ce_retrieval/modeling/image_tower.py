@@ -15,7 +15,10 @@ augmentation acts on the decoded pixels between the two and is not part of the e
 
 from __future__ import annotations
 
+import types
+
 import tensorflow as tf
+import tf_keras
 
 from ce_retrieval.modeling.config import ImageTowerConfig
 from ce_retrieval.modeling.layers import as_string_batch
@@ -31,8 +34,8 @@ _MAGIC_PREFIXES = {
 }
 
 
-@tf.keras.utils.register_keras_serializable(package="ce_retrieval")
-class ImageDecoder(tf.keras.layers.Layer):
+@tf_keras.utils.register_keras_serializable(package="ce_retrieval")
+class ImageDecoder(tf_keras.layers.Layer):
     """Encoded image bytes [B] -> float32 RGB pixels in [0, 1], [B, S, S, 3].
 
     Grey/RGBA/animated inputs become 3-channel single frames. ``resize='center_crop'`` scales the shorter side
@@ -76,17 +79,17 @@ class ImageDecoder(tf.keras.layers.Layer):
             image = tf.image.resize(image, [size, size], antialias=True)
         return tf.clip_by_value(tf.ensure_shape(image, [size, size, 3]), 0.0, 1.0)
 
-    def call(self, inputs):
+    def call(self, inputs) -> tf.Tensor:
         data = as_string_batch(inputs, "ImageDecoder", "encoded images")
         spec = tf.TensorSpec([self.image_size, self.image_size, 3], tf.float32)
         return tf.map_fn(self._decode_one, data, fn_output_signature=spec)
 
-    def get_config(self):
+    def get_config(self) -> dict:
         return {**super().get_config(), "image_size": self.image_size, "resize": self.resize}
 
 
-@tf.keras.utils.register_keras_serializable(package="ce_retrieval")
-class PixelNormalization(tf.keras.layers.Layer):
+@tf_keras.utils.register_keras_serializable(package="ce_retrieval")
+class PixelNormalization(tf_keras.layers.Layer):
     """(x - mean) / std per RGB channel, for pixels in [0, 1]."""
 
     def __init__(self, mean, std, **kwargs):
@@ -94,18 +97,38 @@ class PixelNormalization(tf.keras.layers.Layer):
         self.mean = [float(v) for v in mean]
         self.std = [float(v) for v in std]
 
-    def call(self, inputs):
+    def call(self, inputs) -> tf.Tensor:
         mean = tf.constant(self.mean, self.compute_dtype)
         std = tf.constant(self.std, self.compute_dtype)
         return (tf.cast(inputs, self.compute_dtype) - mean) / std
 
-    def get_config(self):
+    def get_config(self) -> dict:
         return {**super().get_config(), "mean": self.mean, "std": self.std}
 
 
-def build_backbone(cfg: ImageTowerConfig) -> tf.keras.Model:
-    """keras-cv ``ResNetBackbone`` (feature map output), ImageNet weights from a preset or a local file."""
+KERAS_CV_NEEDS_LEGACY_KERAS = (
+    "The image tower's backbone comes from keras-cv, which builds Keras 2 (tf_keras) models only if "
+    "TF_USE_LEGACY_KERAS=1 was set before TensorFlow first resolved tf.keras; in this process tf.keras is Keras 3, "
+    "so keras-cv would build Keras 3 layers that a tf_keras model cannot hold. Set TF_USE_LEGACY_KERAS=1 in the "
+    "environment before Python starts (the ce-retrieval command and scripts/env.sh do). Only the image tower needs "
+    "it: the losses work in either Keras (ce_retrieval.losses for tf_keras, ce_retrieval.keras for Keras 3)."
+)
+
+
+def import_keras_cv() -> types.ModuleType:
+    """keras-cv, checked to be on Keras 2: it follows the process's ``tf.keras`` (the one dependency of the
+    package that does), so under Keras 3 this raises an ``ImportError`` that says what to set."""
     import keras_cv
+    from keras_cv.src.backend import config as keras_cv_config
+
+    if keras_cv_config.keras_3():
+        raise ImportError(KERAS_CV_NEEDS_LEGACY_KERAS)
+    return keras_cv
+
+
+def build_backbone(cfg: ImageTowerConfig) -> tf_keras.Model:
+    """keras-cv ``ResNetBackbone`` (feature map output), ImageNet weights from a preset or a local file."""
+    keras_cv = import_keras_cv()
 
     kwargs = dict(
         stackwise_filters=list(cfg.stackwise_filters),
@@ -129,11 +152,11 @@ def build_backbone(cfg: ImageTowerConfig) -> tf.keras.Model:
     return backbone
 
 
-def set_batchnorm_mode(model: tf.keras.Model, mode: str) -> None:
+def set_batchnorm_mode(model: tf_keras.Model, mode: str) -> None:
     """'train': per-replica batch statistics; 'frozen': inference-mode BN (``trainable=False``, moving stats
     used and not updated); 'sync': batch statistics all-reduced over replicas (``synchronized=True``)."""
     for layer in _all_layers(model):
-        if not isinstance(layer, tf.keras.layers.BatchNormalization):
+        if not isinstance(layer, tf_keras.layers.BatchNormalization):
             continue
         if mode == "frozen":
             layer.trainable = False
@@ -145,7 +168,7 @@ def set_batchnorm_mode(model: tf.keras.Model, mode: str) -> None:
 def _all_layers(model):
     for layer in model.layers:
         yield layer
-        if isinstance(layer, tf.keras.Model):
+        if isinstance(layer, tf_keras.Model):
             yield from _all_layers(layer)
 
 
@@ -157,11 +180,19 @@ def build_image_tower(cfg: ImageTowerConfig, embedding_dim: int) -> Tower:
     if cfg.batchnorm == "frozen":
         set_batchnorm_mode(backbone, "frozen")
 
-    pixels = tf.keras.Input(shape=(cfg.image_size, cfg.image_size, 3), dtype=tf.float32, name="pixels")
+    pixels = tf_keras.Input(shape=(cfg.image_size, cfg.image_size, 3), dtype=tf.float32, name="pixels")
     x = PixelNormalization(cfg.pixel_mean, cfg.pixel_std, name="pixel_normalization")(pixels)
     x = backbone(x)
-    x = tf.keras.layers.GlobalAveragePooling2D(name="image_pool")(x)
+    x = tf_keras.layers.GlobalAveragePooling2D(name="image_pool")(x)
     return Tower.assemble(preprocessor, pixels, x, embedding_dim, prefix="image", raw_input="image")
 
 
-__all__ = ["ImageDecoder", "PixelNormalization", "build_backbone", "build_image_tower", "set_batchnorm_mode"]
+__all__ = [
+    "KERAS_CV_NEEDS_LEGACY_KERAS",
+    "ImageDecoder",
+    "PixelNormalization",
+    "build_backbone",
+    "build_image_tower",
+    "import_keras_cv",
+    "set_batchnorm_mode",
+]
