@@ -39,6 +39,13 @@ class TrainConfig:
     mixed_precision: str = "auto"  # auto: mixed_bfloat16 on TPU, mixed_float16 on GPU, float32 on CPU
     jit_compile: bool = False
     on_bad_batch: str = "stop"  # a NaN/Inf loss or gradient, or no positive pair: stop (error naming the step) | skip
+    # Gradient caching (GradCache): embed in chunks of this many rows per replica, same gradient, one chunk's
+    # activations in memory; must divide the per-replica batch; 0 or null: off (docs/architecture.md)
+    embedding_chunk: int | None = None
+    # Loss partition over replicas: replicated (every replica computes the whole [B, B] loss; OpenCLIP
+    # local_loss=False) | sharded (each replica its own B/R rows against the gathered images, shares summed: same
+    # gradient, R x less loss work; OpenCLIP local_loss=True; the four softmax.py losses only; docs/architecture.md)
+    loss_partition: str = "replicated"
     seed: int = 0
     deterministic: bool = True  # tf.config.experimental.enable_op_determinism(): same seed, same model (slower on GPU)
     backup_every_steps: int = 50  # BackupAndRestore frequency (resume after a kill loses at most this many steps)
@@ -52,6 +59,14 @@ class TrainConfig:
             raise ValueError(f"train.strategy must be one of {STRATEGIES}, got {self.strategy!r}")
         if self.on_bad_batch not in ("stop", "skip"):
             raise ValueError(f"train.on_bad_batch must be 'stop' or 'skip', got {self.on_bad_batch!r}")
+        chunk = self.embedding_chunk or 0
+        if chunk < 0 or (chunk and self.batch_size % chunk):
+            raise ValueError(
+                f"train.embedding_chunk must be 0/null (off) or divide train.batch_size ({self.batch_size}) and the "
+                f"per-replica batch, got {self.embedding_chunk}"
+            )
+        if self.loss_partition not in ("replicated", "sharded"):
+            raise ValueError(f"train.loss_partition must be 'replicated' or 'sharded', got {self.loss_partition!r}")
         if self.mixed_precision not in PRECISIONS:
             raise ValueError(f"train.mixed_precision must be one of {PRECISIONS}, got {self.mixed_precision!r}")
         if self.batch_size < 2:

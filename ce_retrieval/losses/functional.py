@@ -42,6 +42,7 @@ from ce_retrieval.losses import proxy_nca as _proxy_nca
 from ce_retrieval.losses import soft_triple as _soft_triple
 from ce_retrieval.losses import softmax as _softmax
 from ce_retrieval.losses import softmax_core as _softmax_core
+from ce_retrieval.losses import tiled as _tiled
 from ce_retrieval.losses import triplet as _triplet
 from ce_retrieval.losses.base import validate_similarity_inputs
 
@@ -82,6 +83,8 @@ large_margin_softmax = _validated(_margin.large_margin_softmax, _margin.LargeMar
 angular_softmax = _validated(_margin.angular_softmax, _margin.AngularSoftmax)
 additive_margin_softmax = _validated(_margin.additive_margin_softmax, _margin.AdditiveMarginSoftmax)
 arc_margin_softmax = _validated(_margin.arc_margin_softmax, _margin.ArcMarginSoftmax)
+# The same family from embeddings and ids, over column tiles (no [N, M] matrix; validates its own inputs).
+tiled_softmax_loss = _tiled.tiled_softmax_loss
 # N-pair / InfoNCE.
 npair = _validated(_npair.npair, _npair.NPairLoss)
 info_nce = _validated(_npair.info_nce, _npair.InfoNCE)
@@ -130,5 +133,6 @@ __all__ = [
     "softmax_loss",
     "stochastic_negative_mining",
     "symmetric_info_nce",
+    "tiled_softmax_loss",
     "triplet",
 ]

@@ -26,6 +26,10 @@ counting passes; ties at the threshold are counted exactly. The pipeline is in `
 Functional core (``ce_retrieval.losses.functional``): :func:`sampled_softmax`, :func:`stochastic_negative_mining`,
 :func:`cross_example_softmax`, :func:`cross_example_negative_mining`, each ``fn(relevance, scores, **hyper)``.
 
+Any batch size: ``loss.from_embeddings(Q, D, query_ids, doc_ids)`` computes the same loss on ``S = Q Dᵀ`` with
+relevance from ids, by the exact tiled path (``tiled.py``, no ``[N, M]`` matrix) when the constructor's
+``tile_size=T`` is set or ``N·M > 2^26``, else densely; ``tile_size`` is in ``get_config`` when set.
+
 Every logit is a single entry ``s_ij`` of a query's row (or of the batch's negatives): a two-tower text × image
 matrix is the intended input and no Gram matrix is needed (``needs_gram`` is false).
 """
@@ -78,6 +82,7 @@ class SampledSoftmax(SoftmaxFamilyLoss):
     """
 
     function = sampled_softmax
+    supports_tiled = True
 
     def __init__(self, scale: float = 20.0, bidirectional: bool = False, name: str | None = None, **kwargs):
         super().__init__(scale=scale, cross_example=False, bidirectional=bidirectional, name=name, **kwargs)
@@ -88,6 +93,7 @@ class _NegativeMiningSoftmax(SoftmaxFamilyLoss):
 
     cross_example = False
     default_negative_fraction = DEFAULT_NEGATIVE_FRACTION
+    supports_tiled = True
 
     def __init__(
         self,
@@ -134,6 +140,7 @@ class CrossExampleSoftmax(SoftmaxFamilyLoss):
     """
 
     function = cross_example_softmax
+    supports_tiled = True
 
     def __init__(self, scale: float = 20.0, bidirectional: bool = False, name: str | None = None, **kwargs):
         super().__init__(scale=scale, cross_example=True, bidirectional=bidirectional, name=name, **kwargs)

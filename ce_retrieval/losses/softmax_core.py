@@ -22,7 +22,8 @@ and the classes differ only in the steps that produce ``p`` and ``Z``:
 A row (or batch) without negatives has Z = 0: its positive pairs contribute 0 (log 1).
 
 :func:`softmax_loss` is the whole pipeline as a function (the functional core of every class of the family);
-``positive_cosine`` is the margin of step 1 (``None``: no margin).
+``positive_cosine`` is the margin of step 1 (``None``: no margin). :meth:`SoftmaxFamilyLoss.from_embeddings` runs
+the same loss from embeddings and ids, tiled (``tiled.py``) at large ``N·M`` for the classes without a margin.
 """
 
 from __future__ import annotations
@@ -34,9 +35,12 @@ import tensorflow as tf
 from ce_retrieval.losses._masked import mean_over_positives
 from ce_retrieval.losses.base import RetrievalLoss
 from ce_retrieval.losses.fast_paths import top_k_weights
-from ce_retrieval.losses.relevance import IRRELEVANT
+from ce_retrieval.losses.relevance import IRRELEVANT, relevance_from_ids
 
 _NEG_INF = float("-inf")
+
+#: ``from_embeddings`` takes the tiled path by itself above this many logits ``N·M`` (2^26: a 256 MiB matrix).
+TILED_THRESHOLD = 2**26
 
 
 def check_scale(scale, owner: str) -> float:
@@ -124,7 +128,7 @@ def softmax_loss(
     top_k: int | None = None,
     positive_cosine=None,
     owner: str = "softmax_loss",
-):
+) -> tf.Tensor:
     """The family's pipeline (module docstring), mean over positive pairs of ``softplus(log Z - p_ij)``.
 
     Args:
@@ -157,6 +161,8 @@ class SoftmaxFamilyLoss(RetrievalLoss):
 
     #: default ``negative_fraction`` when neither it nor ``top_k`` is given (``None``: no mining).
     default_negative_fraction: float | None = None
+    #: ``from_embeddings`` may run the tiled path (``tiled.py``; no margins): the four classes of ``softmax.py``.
+    supports_tiled: bool = False
 
     def __init__(
         self,
@@ -166,6 +172,7 @@ class SoftmaxFamilyLoss(RetrievalLoss):
         top_k: int | None = None,
         bidirectional: bool = False,
         name: str | None = None,
+        tile_size: int | None = None,
         **kwargs,
     ):
         super().__init__(bidirectional=bidirectional, name=name, **kwargs)
@@ -174,6 +181,65 @@ class SoftmaxFamilyLoss(RetrievalLoss):
         self.negative_fraction, self.top_k = resolve_mining(
             negative_fraction, top_k, self.default_negative_fraction, self.name
         )
+        if tile_size is not None:
+            if not self.supports_tiled:
+                raise ValueError(f"{self.name}: tile_size is not supported (no tiled path for {type(self).__name__})")
+            if isinstance(tile_size, bool) or not isinstance(tile_size, int) or tile_size < 1:
+                raise ValueError(f"{self.name}: tile_size must be a positive integer, got {tile_size!r}")
+        self.tile_size = tile_size
+
+    def function_kwargs(self) -> dict:
+        kwargs = super().function_kwargs()
+        kwargs.pop("tile_size", None)  # a choice of path (``from_embeddings``), not a hyper-parameter of S's loss
+        return kwargs
+
+    def get_config(self) -> dict:
+        """The base config, plus ``tile_size`` when set (a keyword every family class accepts)."""
+        config = super().get_config()
+        if self.tile_size is not None:
+            config["tile_size"] = self.tile_size
+        return config
+
+    def from_embeddings(self, query_emb, doc_emb, query_ids, doc_ids, ignore_negative_ids: bool = False) -> tf.Tensor:
+        """The loss of ``S = Q Dᵀ`` with relevance from ids (positive iff equal ids), from the embeddings.
+
+        Runs the exact tiled path (``tiled.py``: no ``[N, M]`` matrix, memory O(N·T + (N + M)·d)) when the class
+        ``supports_tiled`` and ``tile_size`` is set or ``N·M`` is statically above ``TILED_THRESHOLD``; otherwise
+        the dense path ``self(R, Q Dᵀ)`` with its input checks. Both give the same value and gradients (to
+        float32 rounding). Embeddings are used as given (normalise them for cosine logits); integer ids;
+        ``ignore_negative_ids``: pairs with a negative id on either side are ignored (R = -1, e.g. padding).
+        """
+        from ce_retrieval.losses import tiled  # noqa: PLC0415  (tiled imports this module)
+
+        query_emb, doc_emb = tf.convert_to_tensor(query_emb), tf.convert_to_tensor(doc_emb)
+        entries = query_emb.shape[0] * doc_emb.shape[0] if query_emb.shape[0] and doc_emb.shape[0] else None
+        if not self.supports_tiled or (self.tile_size is None and (entries is None or entries <= TILED_THRESHOLD)):
+            relevance = relevance_from_ids(query_ids, doc_ids)
+            if ignore_negative_ids:
+                ignored = (tf.convert_to_tensor(query_ids)[:, None] < 0) | (tf.convert_to_tensor(doc_ids)[None, :] < 0)
+                relevance = tf.where(ignored, -1.0, relevance)
+            scores = tf.matmul(tf.cast(query_emb, tf.float32), tf.cast(doc_emb, tf.float32), transpose_b=True)
+            return self(relevance, scores)
+
+        def one_way(queries, docs, q_ids, d_ids):
+            return tiled.tiled_softmax_loss(
+                queries,
+                docs,
+                q_ids,
+                d_ids,
+                self.scale,
+                self.cross_example,
+                self.negative_fraction,
+                self.top_k,
+                tile_size=self.tile_size,
+                ignore_negative_ids=ignore_negative_ids,
+                owner=self.name,
+            )
+
+        value = one_way(query_emb, doc_emb, query_ids, doc_ids)
+        if self.bidirectional:
+            value = 0.5 * (value + one_way(doc_emb, query_emb, doc_ids, query_ids))
+        return value
 
 
 __all__ = ["SoftmaxFamilyLoss", "softmax_loss"]

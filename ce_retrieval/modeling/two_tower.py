@@ -25,6 +25,20 @@ can be compiled with XLA (``compile(jit_compile=True)``; string ops cannot be). 
 the device (GPU/TPU), which is not tested here. ``text_encoder`` and
 ``image_encoder`` (strings -> unit embeddings, no augmentation) share all weights with the towers and are what
 evaluation and serving use.
+
+Gradient caching (``compile(embedding_chunk=c)``, config ``train.embedding_chunk``): the towers run on chunks of
+c rows, first without a tape to get the embeddings, then again chunk by chunk to back-propagate ``∂(L/R)/∂E``;
+same gradient, one chunk's activations (:mod:`ce_retrieval.modeling.grad_cache`).
+
+Loss partition (``compile(loss_partition=...)``, config ``train.loss_partition``): ``"replicated"`` (default,
+above; OpenCLIP's ``gather_with_grad=True, local_loss=False``): every replica computes the whole ``[B, B]`` loss.
+``"sharded"`` (OpenCLIP's ``local_loss=True``): only the documents (image embeddings and ids) are gathered; replica
+r computes its own B/R rows ``S_r = T_r V_allᵀ`` and its share of L (:mod:`ce_retrieval.losses.sharded`,
+``Σ_r share_r = L``, cross-replica terms all-reduced), so its loss work drops R×. The step returns ``R·share_r``
+as "the loss": it differentiates ``R·share_r / R = share_r`` (the shares already sum to L, no further scaling)
+and the ``loss`` metric, a mean over replicas, logs ``Σ_r share_r = L``; ``in_batch_recall_at_1`` is the mean of
+the replicas' own rows. Same gradient as ``"replicated"``; the four losses of ``softmax.py`` only, one direction;
+composes with ``embedding_chunk``.
 """
 
 from __future__ import annotations
@@ -32,14 +46,18 @@ from __future__ import annotations
 import math
 
 import tensorflow as tf
+import tf_keras
 
 from ce_retrieval.data.schema import CAPTION, IMAGE, IMAGE_ID
 from ce_retrieval.losses import relevance_from_ids
+from ce_retrieval.losses.sharded import SHARDED_LOSSES, sharded_softmax_loss
+from ce_retrieval.modeling import grad_cache
 from ce_retrieval.modeling.augmentation import ImageAugmentation
 from ce_retrieval.modeling.similarity import cosine_similarity, gather_from_replicas, num_replicas
 from ce_retrieval.modeling.text_tower import Tower
 
 BAD_BATCH_POLICIES = ("stop", "skip")
+LOSS_PARTITIONS = ("replicated", "sharded")
 BAD_BATCH_NONFINITE = "has a NaN or Inf loss or gradient (stopping before the update; train.on_bad_batch=skip skips)"
 BAD_BATCH_NO_POSITIVE = "has no positive pair (no caption of the batch matches an image of the batch)"
 
@@ -54,7 +72,7 @@ def num_replicas_in_scope() -> int:
     return int(tf.distribute.get_strategy().num_replicas_in_sync)
 
 
-class TwoTowerModel(tf.keras.Model):
+class TwoTowerModel(tf_keras.Model):
     """Text and image towers trained jointly on the global in-batch similarity matrix (see module docstring).
 
     Args:
@@ -87,7 +105,7 @@ class TwoTowerModel(tf.keras.Model):
                 name="log_logit_scale",
                 shape=(),
                 dtype=tf.float32,
-                initializer=tf.keras.initializers.Constant(math.log(logit_scale)),
+                initializer=tf_keras.initializers.Constant(math.log(logit_scale)),
                 trainable=True,
             )
         self.retrieval_loss = None
@@ -95,11 +113,13 @@ class TwoTowerModel(tf.keras.Model):
         self.image_optimizer = None
         self._loss_scaling = False
         self._core_jit = False
+        self.embedding_chunk = 0
+        self.loss_partition = "replicated"
         self._joint_gram = False
         self.on_bad_batch = "stop"
         self._skipped_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_steps")
-        self._loss_tracker = tf.keras.metrics.Mean(name="loss")
-        self._recall_tracker = tf.keras.metrics.Mean(name="in_batch_recall_at_1")
+        self._loss_tracker = tf_keras.metrics.Mean(name="loss")
+        self._recall_tracker = tf_keras.metrics.Mean(name="in_batch_recall_at_1")
         self.built = True
 
     # ----------------------------------------------------------------------------------------------- inference
@@ -110,7 +130,7 @@ class TwoTowerModel(tf.keras.Model):
             return tf.minimum(tf.exp(self.log_logit_scale), self.max_logit_scale)
         return tf.constant(self.initial_logit_scale, tf.float32)
 
-    def call(self, inputs, training=False):
+    def call(self, inputs: dict, training: bool = False) -> dict[str, tf.Tensor]:
         """``{"caption": [B] str, "image": [B] bytes}`` -> ``{"text": [B, d], "image": [B, d]}`` (either key may
         be absent). No augmentation, whatever ``training`` says."""
         if not isinstance(inputs, dict):
@@ -134,8 +154,10 @@ class TwoTowerModel(tf.keras.Model):
         image_optimizer=None,
         jit_compile: bool = False,
         on_bad_batch: str = "stop",
+        embedding_chunk: int | None = None,
+        loss_partition: str = "replicated",
         **kwargs,
-    ):
+    ) -> None:
         """Sets the retrieval loss and the two optimizers.
 
         ``loss``: a Keras loss on ``(relevance, S)``, normally built by :class:`ce_retrieval.tasks.RetrievalTask`
@@ -145,7 +167,11 @@ class TwoTowerModel(tf.keras.Model):
         ``on_bad_batch``: a step whose loss or gradients are NaN/Inf, or whose batch has no positive pair, is
         never applied silently (XLA drops the losses' own checks): ``"stop"`` raises an error naming the step;
         ``"skip"`` leaves the weights unchanged and counts it in the ``skipped_steps`` log (one replica only).
-        Other keyword arguments go to ``tf.keras.Model.compile`` (e.g. ``steps_per_execution``).
+        ``embedding_chunk``: gradient caching with chunks of this many rows (0 or None: off); must divide the
+        per-replica batch; towers with dropout are refused (:mod:`ce_retrieval.modeling.grad_cache`).
+        ``loss_partition``: ``"replicated"`` (every replica computes the global loss) or ``"sharded"`` (each its own
+        rows' share; module docstring); ``"sharded"`` needs one of ``losses.sharded.SHARDED_LOSSES``, one direction.
+        Other keyword arguments go to ``tf_keras.Model.compile`` (e.g. ``steps_per_execution``).
         """
         if on_bad_batch not in BAD_BATCH_POLICIES:
             raise ValueError(f"on_bad_batch must be one of {BAD_BATCH_POLICIES}, got {on_bad_batch!r}")
@@ -153,6 +179,15 @@ class TwoTowerModel(tf.keras.Model):
             raise ValueError(
                 "on_bad_batch='skip' is supported on one replica; under a multi-replica strategy use 'stop' "
                 "(the run stops with an error naming the step and resumes from its last backup)"
+            )
+        chunk = int(embedding_chunk or 0)
+        if chunk < 0:
+            raise ValueError(f"embedding_chunk must be >= 0 (0 or None: off), got {embedding_chunk!r}")
+        dropout = grad_cache.dropout_layers(self.text_core, self.image_core) if chunk else []
+        if dropout:
+            raise ValueError(
+                "embedding_chunk (gradient caching) runs each chunk's towers twice and needs the same function in "
+                f"both passes; dropout draws other masks in the second pass. Set the dropout rates to 0: {dropout}"
             )
         self.on_bad_batch = on_bad_batch
         if text_optimizer is None or image_optimizer is None:
@@ -163,9 +198,10 @@ class TwoTowerModel(tf.keras.Model):
             if kwargs.get(key) is not None:
                 raise ValueError(f"TwoTowerModel.compile does not take {key}=; it owns its optimizers and metrics")
         self.retrieval_loss = self._check_loss(loss)
+        self.loss_partition = _check_partition(loss_partition, loss)
         self._joint_gram = bool(getattr(loss, "needs_gram", False))
 
-        policy = tf.keras.mixed_precision.global_policy()
+        policy = tf_keras.mixed_precision.global_policy()
         self._loss_scaling = policy.name == "mixed_float16"
         if self._loss_scaling:
             text_optimizer = _with_loss_scale(text_optimizer)
@@ -173,9 +209,11 @@ class TwoTowerModel(tf.keras.Model):
         self.text_optimizer = text_optimizer
         self.image_optimizer = image_optimizer
         self._core_jit = bool(jit_compile)
+        self.embedding_chunk = chunk
+        self._compute_step = self._compute_gradients_cached if chunk else self._compute_gradients
         # autograph=False: the numeric step has no tensor-dependent Python control flow to convert.
         self._compute_gradients_jit = (
-            tf.function(self._compute_gradients, jit_compile=True, autograph=False) if jit_compile else None
+            tf.function(self._compute_step, jit_compile=True, autograph=False) if jit_compile else None
         )
         # Keras's own optimizer slot holds the text optimizer (its iterations are the step counter callbacks
         # and TensorBoard read); the image optimizer is tracked as an attribute, so checkpoints hold both.
@@ -192,7 +230,7 @@ class TwoTowerModel(tf.keras.Model):
                 f"TwoTowerModel.compile: pass a loss instance (got {loss!r}); ce_retrieval.tasks.build_loss or "
                 "RetrievalTask builds one from a config with this model's λ"
             )
-        if not isinstance(loss, tf.keras.losses.Loss):
+        if not isinstance(loss, tf_keras.losses.Loss):
             raise TypeError(f"TwoTowerModel.compile: loss must be a Keras Loss, got {loss!r}")
         scale = getattr(loss, "logit_scale", None)  # None: a loss without a logit scale (or a plain Keras loss)
         name = type(loss).__name__
@@ -237,7 +275,7 @@ class TwoTowerModel(tf.keras.Model):
             )
 
     @property
-    def metrics(self):
+    def metrics(self) -> list:
         return [self._loss_tracker, self._recall_tracker]
 
     def _prepare(self, data, augment: bool):
@@ -260,6 +298,13 @@ class TwoTowerModel(tf.keras.Model):
         caller differentiates ``L / R`` (:func:`replica_share`)."""
         text = self.text_core(text_inputs, training=training)
         image = self.image_core(pixels, training=training)
+        return self._loss_from_embeddings(text, image, ids)
+
+    def _loss_from_embeddings(self, text, image, ids):
+        """This replica's embeddings -> gather -> S -> (L, S, relevance) (see :meth:`_global_loss`); sharded:
+        (R·share_r, S_r, relevance_r) of this replica's rows (module docstring)."""
+        if self.loss_partition == "sharded":
+            return self._sharded_loss_from_embeddings(text, image, ids)
         text_all, image_all = gather_from_replicas(text), gather_from_replicas(image)
         ids_all = gather_from_replicas(ids)
         cosine = cosine_similarity(text_all, image_all)
@@ -280,6 +325,22 @@ class TwoTowerModel(tf.keras.Model):
             loss += tf.add_n([tf.cast(x, tf.float32) for x in self.losses])
         return loss, cosine, relevance
 
+    def _sharded_loss_from_embeddings(self, text, image, ids):
+        """``(R·share_r, S_r [n, B], relevance_r [n, B])``: this replica's rows against the gathered images."""
+        image_all, ids_all = gather_from_replicas(image), gather_from_replicas(ids)
+        cosine = cosine_similarity(text, image_all)
+        relevance = relevance_from_ids(ids, ids_all)
+        scores = cosine * self.logit_scale if self.learn_logit_scale else cosine
+        loss_fn = self.retrieval_loss
+        with tf.name_scope(loss_fn.name):
+            share = sharded_softmax_loss(
+                relevance, scores, loss_fn.scale, loss_fn.cross_example, loss_fn.negative_fraction, loss_fn.top_k
+            )
+        loss = share * float(num_replicas())  # the step differentiates loss / R = share_r
+        if self.losses:
+            loss += tf.add_n([tf.cast(x, tf.float32) for x in self.losses])
+        return loss, cosine, relevance
+
     def _compute_gradients(self, text_inputs, pixels, ids):
         text_vars, image_vars = self.text_variables, self.image_variables
         with tf.GradientTape(persistent=self._loss_scaling) as tape:
@@ -297,11 +358,15 @@ class TwoTowerModel(tf.keras.Model):
             text_grads, image_grads = grads[: len(text_vars)], grads[len(text_vars) :]
         return loss, cosine, relevance, text_grads, image_grads
 
-    def train_step(self, data):
+    def _compute_gradients_cached(self, text_inputs, pixels, ids):
+        """:meth:`_compute_gradients` with gradient caching (chunks of ``embedding_chunk`` rows)."""
+        return grad_cache.cached_gradients(self, text_inputs, pixels, ids, self.embedding_chunk)
+
+    def train_step(self, data) -> dict[str, tf.Tensor]:
         if self.retrieval_loss is None:
             raise RuntimeError("TwoTowerModel: call compile(loss=..., text_optimizer=..., image_optimizer=...) first")
         text_inputs, pixels, ids = self._prepare(data, augment=True)
-        compute = self._compute_gradients_jit if self._core_jit else self._compute_gradients
+        compute = self._compute_gradients_jit if self._core_jit else self._compute_step
         loss, cosine, relevance, text_grads, image_grads = compute(text_inputs, pixels, ids)
         finite, has_positive = self._step_flags(loss, relevance, text_grads + image_grads)
         if self.on_bad_batch == "stop":
@@ -334,14 +399,14 @@ class TwoTowerModel(tf.keras.Model):
         self.image_optimizer.apply_gradients(zip(image_grads, self.image_variables, strict=True))
         return tf.no_op()
 
-    def test_step(self, data):
+    def test_step(self, data) -> dict[str, tf.Tensor]:
         if self.retrieval_loss is None:
             raise RuntimeError("TwoTowerModel: call compile(...) before evaluate()")
         text_inputs, pixels, ids = self._prepare(data, augment=False)
         loss, cosine, relevance = self._global_loss(text_inputs, pixels, ids, False)
         return self._update_metrics(loss, cosine, relevance)
 
-    def predict_step(self, data):
+    def predict_step(self, data) -> dict[str, tf.Tensor]:
         if isinstance(data, (tuple, list)):
             data = data[0]
         return self(data, training=False)
@@ -360,10 +425,31 @@ class TwoTowerModel(tf.keras.Model):
         return logs
 
 
+def _check_partition(loss_partition: str, loss) -> str:
+    """``loss_partition`` if valid for ``loss`` (``"sharded"``: one of :data:`SHARDED_LOSSES`, one direction)."""
+    if loss_partition not in LOSS_PARTITIONS:
+        raise ValueError(f"loss_partition must be one of {LOSS_PARTITIONS}, got {loss_partition!r}")
+    if loss_partition == "sharded":
+        from ce_retrieval.losses import softmax  # noqa: PLC0415
+
+        supported = tuple(getattr(softmax, name) for name in SHARDED_LOSSES)
+        if not isinstance(loss, supported):
+            raise ValueError(
+                f"loss_partition='sharded' supports only {', '.join(SHARDED_LOSSES)}; got {type(loss).__name__} "
+                "(use loss_partition='replicated')"
+            )
+        if loss.bidirectional:
+            raise ValueError(
+                "loss_partition='sharded' computes each replica's text rows against the gathered images only; "
+                f"{type(loss).__name__}(bidirectional=True) also needs the image rows: use 'replicated'"
+            )
+    return loss_partition
+
+
 def _with_loss_scale(optimizer):
-    if isinstance(optimizer, tf.keras.mixed_precision.LossScaleOptimizer):
+    if isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer):
         return optimizer
-    return tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
+    return tf_keras.mixed_precision.LossScaleOptimizer(optimizer)
 
 
 __all__ = ["TwoTowerModel"]

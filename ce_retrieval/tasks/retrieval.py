@@ -18,10 +18,17 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import TYPE_CHECKING
 
 import tensorflow as tf
 
 from ce_retrieval.tasks.loss_wiring import build_loss
+
+if TYPE_CHECKING:
+    import tf_keras
+
+    from ce_retrieval.losses.base import RetrievalLoss
+    from ce_retrieval.modeling.two_tower import TwoTowerModel
 
 
 @dataclasses.dataclass
@@ -56,23 +63,23 @@ class RetrievalTask:
         return dataset.with_options(options)
 
     # ------------------------------------------------------------------------------------------ model + loss
-    def build_loss(self):
+    def build_loss(self) -> RetrievalLoss:
         """The configured loss with λ from ``model.logit_scale`` (see :mod:`ce_retrieval.tasks.loss_wiring`)."""
         return build_loss(self.config.loss, self.config.model)
 
-    def build_model(self, vocab_path: str):
+    def build_model(self, vocab_path: str) -> TwoTowerModel:
         """The uncompiled two-tower model (towers, augmentation, λ)."""
         from ce_retrieval import modeling
 
         return modeling.build_two_tower(self.config.model, vocab_path)
 
-    def build_optimizers(self, total_steps: int):
+    def build_optimizers(self, total_steps: int) -> tuple[tf_keras.optimizers.Optimizer, tf_keras.optimizers.Optimizer]:
         """(text optimizer, image optimizer) with their learning-rate schedules over ``total_steps``."""
         from ce_retrieval import modeling
 
         return modeling.build_optimizers(self.config.train.optimizer, total_steps)
 
-    def build_compiled_model(self, vocab_path: str, total_steps: int):
+    def build_compiled_model(self, vocab_path: str, total_steps: int) -> TwoTowerModel:
         """Model, loss and optimizers, compiled. Call inside the strategy scope."""
         model = self.build_model(vocab_path)
         text_optimizer, image_optimizer = self.build_optimizers(total_steps)
@@ -82,6 +89,8 @@ class RetrievalTask:
             image_optimizer=image_optimizer,
             jit_compile=self.config.train.jit_compile,
             on_bad_batch=self.config.train.on_bad_batch,
+            embedding_chunk=self.config.train.embedding_chunk,
+            loss_partition=self.config.train.loss_partition,
         )
         return model
 
