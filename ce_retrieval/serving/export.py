@@ -25,6 +25,7 @@ import hashlib
 import io
 import os
 import uuid
+from collections.abc import Callable
 
 import numpy as np
 
@@ -135,7 +136,7 @@ def import_custom_op_libraries() -> None:
         pass
 
 
-def load_signature(saved_model_dir: str, name: str = "serving_default"):
+def load_signature(saved_model_dir: str, name: str = "serving_default") -> tuple[object, Callable]:
     """Loads a SavedModel (TF-Text ops registered first) and returns ``(loaded, signature)``."""
     import tensorflow as tf
 
@@ -188,6 +189,8 @@ def export_encoders(
     for path in finals.values():
         if os.path.exists(path):
             raise FileExistsError(f"{path} already exists; versions are immutable, pick another --version")
+    for path in layout.half_published(export_dir):  # a crashed earlier publish; its number stays unused
+        atomic.remove_tree(path)
 
     probes_img = probe_images()
     text_probe = embed_with_keras(text_encoder, PROBE_TEXTS)

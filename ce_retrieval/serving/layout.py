@@ -85,6 +85,20 @@ def servable_versions(export_dir: str) -> list[int]:
     ]
 
 
+def half_published(export_dir: str) -> list[str]:
+    """Encoder version folders written by ``export`` whose other encoder folder does not exist: what a crash
+    between the two renames of a publish leaves (``text_encoder/<v>`` without ``image_encoder/<v>``). Readers
+    here ignore them (:func:`complete_versions`), but TF Serving would serve that text encoder next to the
+    previous image encoder, so ``export`` removes them (see :func:`ce_retrieval.serving.export.export_encoders`)."""
+    found = []
+    for part, other in ((TEXT_ENCODER, IMAGE_ENCODER), (IMAGE_ENCODER, TEXT_ENCODER)):
+        for v in versions(os.path.join(export_dir, part)):
+            ours = os.path.isfile(os.path.join(version_dir(export_dir, part, v), EXPORT_METADATA))
+            if ours and not os.path.exists(version_dir(export_dir, other, v)):
+                found.append(version_dir(export_dir, part, v))
+    return found
+
+
 def next_version(export_dir: str) -> int:
     """One more than any numeric version of any part (complete or not), so versions never get reused."""
     seen = [v for part in (TEXT_ENCODER, IMAGE_ENCODER, INDEX) for v in versions(os.path.join(export_dir, part))]

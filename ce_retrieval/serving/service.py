@@ -23,9 +23,14 @@ import math
 import os
 import threading
 import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from ce_retrieval.serving import layout
 from ce_retrieval.serving.metrics import Metrics
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
 
 log = logging.getLogger("ce_retrieval.serving")
 SEARCH_FIELDS = {"texts", "k", "threshold", "precision", "limit"}
@@ -83,6 +88,10 @@ def _parse_search(body: bytes, searcher, limits: dict) -> dict:
         req = json.loads(text)
     except json.JSONDecodeError as exc:
         raise RequestError(400, f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except RecursionError:  # json's C scanner recurses per nesting level: [[[[...]]]] must not become a 500
+        raise RequestError(400, "malformed JSON: nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer literal past Python's int conversion limit (4300 digits)
+        raise RequestError(400, f"malformed JSON: {str(exc).split(';')[0]}") from None
     if not isinstance(req, dict):
         raise RequestError(422, "the body must be a JSON object")
     unknown = sorted(set(req) - SEARCH_FIELDS)
@@ -154,11 +163,12 @@ def create_app(
     max_concurrency: int = 8,
     default_k: int = 10,
     loader=None,
-):
+) -> "FastAPI":
     """The FastAPI application; artefacts load at start-up and reload when a newer version appears."""
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, PlainTextResponse
     from starlette.concurrency import run_in_threadpool
+    from starlette.exceptions import HTTPException as StarletteHTTPException
 
     metrics = Metrics()
     holder = SearcherHolder(export_dir, metrics, loader)
@@ -205,6 +215,12 @@ def create_app(
 
     def error(status: int, reason: str):
         return JSONResponse({"error": reason, "status": status}, status_code=status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        # FastAPI's own 404/405/... answers get the service's error shape, with the method and path as context.
+        reason = f"{exc.detail}: {request.method} {request.url.path}"
+        return JSONResponse({"error": reason, "status": exc.status_code}, exc.status_code, headers=exc.headers)
 
     @app.post("/search")
     async def search(request: Request):
@@ -286,7 +302,9 @@ def create_app(
 
 
 @contextlib.contextmanager
-def serve_in_thread(app, host: str = "127.0.0.1", port: int = 0, startup_timeout_s: float = 60.0):
+def serve_in_thread(
+    app: "FastAPI", host: str = "127.0.0.1", port: int = 0, startup_timeout_s: float = 60.0
+) -> Iterator[str]:
     """Runs ``app`` with uvicorn in a background thread; yields the base URL; stops the server on exit."""
     import socket
 

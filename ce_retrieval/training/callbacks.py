@@ -10,14 +10,16 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import time
 
 import tensorflow as tf
+import tf_keras
 
 from ce_retrieval.utils.atomic import atomic_write_text
 
 
-class ThroughputLogger(tf.keras.callbacks.Callback):
+class ThroughputLogger(tf_keras.callbacks.Callback):
     """Adds ``examples_per_second`` to the epoch logs and prints one summary line per epoch."""
 
     def __init__(self, global_batch_size: int, print_fn=print):
@@ -25,13 +27,13 @@ class ThroughputLogger(tf.keras.callbacks.Callback):
         self.global_batch_size = int(global_batch_size)
         self.print_fn = print_fn
 
-    def on_epoch_begin(self, epoch, logs=None):
+    def on_epoch_begin(self, epoch, logs=None) -> None:
         self._start, self._steps = time.perf_counter(), 0
 
-    def on_train_batch_end(self, batch, logs=None):
+    def on_train_batch_end(self, batch, logs=None) -> None:
         self._steps += 1
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch, logs=None) -> None:
         logs = logs if logs is not None else {}
         seconds = max(time.perf_counter() - self._start, 1e-9)
         logs["examples_per_second"] = self._steps * self.global_batch_size / seconds
@@ -46,7 +48,27 @@ class ThroughputLogger(tf.keras.callbacks.Callback):
             )
 
 
-class WeightsCheckpoint(tf.keras.callbacks.Callback):
+def _remove_stale_checkpoint_files(directory: str) -> None:
+    """Removes what a save killed midway left in a CheckpointManager folder: a ``ckpt-N_temp/`` shard folder,
+    ``ckpt-N.*`` files the ``checkpoint`` state file does not list, a ``checkpoint.tmp*`` state file, a hidden
+    atomic-write temporary (``.best.json.*.tmp.json``). None of them is ever read, and a resumed run may never
+    write the same number again, so they would stay forever."""
+    if not os.path.isdir(directory):
+        return
+    state = tf.train.get_checkpoint_state(directory)
+    listed = {os.path.basename(p) for p in (state.all_model_checkpoint_paths if state else [])}
+    for name in os.listdir(directory):
+        unlisted = name.startswith("ckpt-") and name.split(".")[0] not in listed
+        temporary = name.startswith("checkpoint.tmp") or (name.startswith(".") and ".tmp" in name)  # atomic writes
+        if unlisted or temporary:
+            path = os.path.join(directory, name)
+            if os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                os.remove(path)
+
+
+class WeightsCheckpoint(tf_keras.callbacks.Callback):
     """Saves the model weights at each epoch end to ``<dir>/latest`` and, when ``monitor`` improves, to ``<dir>/best``.
 
     Both are :class:`tf.train.CheckpointManager` directories (atomic, ``keep`` most recent). ``best/best.json``
@@ -63,6 +85,8 @@ class WeightsCheckpoint(tf.keras.callbacks.Callback):
 
     def _ensure(self):
         if self._managers is None:
+            for name in ("latest", "best"):
+                _remove_stale_checkpoint_files(os.path.join(self.directory, name))
             ckpt = tf.train.Checkpoint(model=self.model)
             self._managers = {
                 name: tf.train.CheckpointManager(ckpt, os.path.join(self.directory, name), max_to_keep=self.keep)
@@ -73,7 +97,7 @@ class WeightsCheckpoint(tf.keras.callbacks.Callback):
                 self.best = json.load(open(state))["value"]
         return self._managers
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch, logs=None) -> None:
         logs = logs or {}
         managers = self._ensure()
         managers["latest"].save(checkpoint_number=epoch + 1)
