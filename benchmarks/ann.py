@@ -19,7 +19,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # ScaNN imports TensorFlow; ce_retrieval needs legacy Keras
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # ScaNN imports TensorFlow; keras-cv needs legacy Keras
 
 import numpy as np  # noqa: E402
 from scann.scann_ops.py import scann_ops_pybind  # noqa: E402,F401  (import before BLAS work; see gallery.py)

@@ -34,6 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import ce_retrieval  # noqa: E402,F401  (legacy Keras before TensorFlow)
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+import tf_keras  # noqa: E402
 from benchmarks.toy_data import make_labelled_data  # noqa: E402
 from ce_retrieval.data.pk_sampler import pk_sample  # noqa: E402
 from ce_retrieval.evaluation.labelled import labelled_retrieval_metrics  # noqa: E402
@@ -51,12 +52,12 @@ from ce_retrieval.modeling.proxies import (  # noqa: E402
 DEFAULT_LOSSES = ("ProxyNCALoss", "ProxyAnchorLoss", "SoftTripleLoss", "NCALoss", "LMNNLoss", "CentroidUpperBoundLoss")
 
 
-def _embedding_model(input_dim: int, embedding_dim: int, hidden: int, seed: int) -> tf.keras.Model:
-    init = lambda i: tf.keras.initializers.GlorotUniform(seed=seed + i)
-    inputs = tf.keras.Input([input_dim])
-    h = tf.keras.layers.Dense(hidden, activation="relu", kernel_initializer=init(0))(inputs)
-    e = tf.keras.layers.Dense(embedding_dim, kernel_initializer=init(1))(h)
-    return tf.keras.Model(inputs, tf.math.l2_normalize(e, axis=-1))
+def _embedding_model(input_dim: int, embedding_dim: int, hidden: int, seed: int) -> tf_keras.Model:
+    init = lambda i: tf_keras.initializers.GlorotUniform(seed=seed + i)
+    inputs = tf_keras.Input([input_dim])
+    h = tf_keras.layers.Dense(hidden, activation="relu", kernel_initializer=init(0))(inputs)
+    e = tf_keras.layers.Dense(embedding_dim, kernel_initializer=init(1))(h)
+    return tf_keras.Model(inputs, tf.math.l2_normalize(e, axis=-1))
 
 
 def _proxy_head(loss, num_classes: int, embedding_dim: int, seed: int) -> ProxySimilarity:
@@ -65,18 +66,18 @@ def _proxy_head(loss, num_classes: int, embedding_dim: int, seed: int) -> ProxyS
         method = "one_hot" if embedding_dim >= num_classes else "kmeans"
         centroids = fixed_centroids(num_classes, embedding_dim, method=method, seed=seed)
         head = ProxySimilarity(
-            num_classes, proxy_initializer=tf.keras.initializers.Constant(centroids), trainable=False
+            num_classes, proxy_initializer=tf_keras.initializers.Constant(centroids), trainable=False
         )
     elif name == "SoftTripleLoss":
         k = loss.proxies_per_class
         head = ProxySimilarity(
             num_classes,
             k,
-            proxy_initializer=tf.keras.initializers.HeNormal(seed=seed),
+            proxy_initializer=tf_keras.initializers.HeNormal(seed=seed),
             proxy_regularizer=SoftTripleCenterRegularizer(num_classes, k),
         )
     else:
-        head = ProxySimilarity(num_classes, proxy_initializer=tf.keras.initializers.HeNormal(seed=seed))
+        head = ProxySimilarity(num_classes, proxy_initializer=tf_keras.initializers.HeNormal(seed=seed))
     head.build([None, embedding_dim])
     return head
 
@@ -101,15 +102,15 @@ def train_embedding(
     learning_rate: float = 3e-3,
     proxy_lr_multiplier: float = 10.0,
     seed: int = 0,
-) -> tf.keras.Model:
+) -> tf_keras.Model:
     """Trains and returns the embedding model (``x -> unit-norm embedding``) with ``loss`` on labels ``y``."""
-    tf.keras.utils.set_random_seed(seed)
+    tf_keras.utils.set_random_seed(seed)
     model = _embedding_model(x.shape[1], embedding_dim, hidden, seed)
     classes, y_idx = np.unique(y, return_inverse=True)
     head = _proxy_head(loss, len(classes), embedding_dim, seed) if loss.needs_proxies else None
-    opt = tf.keras.optimizers.Adam(learning_rate)
+    opt = tf_keras.optimizers.Adam(learning_rate)
     proxy_vars = head.trainable_variables if head is not None else []
-    proxy_opt = tf.keras.optimizers.Adam(learning_rate * proxy_lr_multiplier) if proxy_vars else None
+    proxy_opt = tf_keras.optimizers.Adam(learning_rate * proxy_lr_multiplier) if proxy_vars else None
 
     @tf.function
     def step(xb, yb):
@@ -164,7 +165,7 @@ def compare_losses(
             x_test / np.linalg.norm(x_test, axis=1, keepdims=True), y_test, ks=ks, seed=seed
         )
     }
-    tf.keras.utils.set_random_seed(seed)
+    tf_keras.utils.set_random_seed(seed)
     untrained = _embedding_model(x.shape[1], embedding_dim, train_kwargs.get("hidden", 64), seed)
     results["untrained"] = labelled_retrieval_metrics(
         untrained(x_test, training=False).numpy(), y_test, ks=ks, seed=seed

@@ -15,7 +15,7 @@ import argparse
 import os
 import time
 
-os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # what `import ce_retrieval` does, before TensorFlow loads
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # keras-cv needs it, before TensorFlow loads
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402

@@ -20,11 +20,12 @@ import os
 import statistics
 import time
 
-os.environ["TF_USE_LEGACY_KERAS"] = "1"  # what `import ce_retrieval` sets, before TensorFlow loads
+os.environ["TF_USE_LEGACY_KERAS"] = "1"  # keras-cv needs it, before TensorFlow loads
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # XLA's "Ignoring Assert" lines would flood the table
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+import tf_keras  # noqa: E402
 
 from ce_retrieval.losses import GradientObjective, RetrievalLoss  # noqa: E402
 from ce_retrieval.losses.goal import PAIR_WEIGHTS, TRIPLET_WEIGHTS  # noqa: E402
@@ -84,7 +85,7 @@ def time_ratio(n, dim, repeats, jit, wrt, combos):
 
 
 def train_all(policy):
-    tf.keras.mixed_precision.set_global_policy(policy)
+    tf_keras.mixed_precision.set_global_policy(policy)
     rng = np.random.default_rng(1)
     z = rng.normal(size=(64, 4))
     images = (z @ rng.normal(size=(4, 6))).astype("float32")
@@ -93,18 +94,18 @@ def train_all(policy):
     ds = ds.map(lambda a, b: ((a, b), tf.eye(16)))
     results = {}
     for tw, pw in itertools.product(TRIPLET_WEIGHTS, PAIR_WEIGHTS):
-        tf.keras.backend.clear_session()
-        a, b = tf.keras.Input((6,)), tf.keras.Input((5,))
-        norm = tf.keras.layers.Lambda(lambda t: tf.math.l2_normalize(t, axis=1))
-        xa, yb = norm(tf.keras.layers.Dense(4)(a)), norm(tf.keras.layers.Dense(4)(b))
-        s = tf.keras.layers.Lambda(lambda t: tf.matmul(t[0], t[1], transpose_b=True))([yb, xa])  # rows texts
-        model = tf.keras.Model([a, b], s)
-        model.compile(tf.keras.optimizers.SGD(0.3), loss=GradientObjective(tw, pw), jit_compile=True)
+        tf_keras.backend.clear_session()
+        a, b = tf_keras.Input((6,)), tf_keras.Input((5,))
+        norm = tf_keras.layers.Lambda(lambda t: tf.math.l2_normalize(t, axis=1))
+        xa, yb = norm(tf_keras.layers.Dense(4)(a)), norm(tf_keras.layers.Dense(4)(b))
+        s = tf_keras.layers.Lambda(lambda t: tf.matmul(t[0], t[1], transpose_b=True))([yb, xa])  # rows texts
+        model = tf_keras.Model([a, b], s)
+        model.compile(tf_keras.optimizers.SGD(0.3), loss=GradientObjective(tw, pw), jit_compile=True)
         before = [v.numpy().copy() for v in model.trainable_variables]
         hist = model.fit(ds, epochs=2, verbose=0).history["loss"]
         moved = all(not np.allclose(b0, v.numpy()) for b0, v in zip(before, model.trainable_variables, strict=True))
         results[(tw, pw)] = (hist, moved and bool(np.isfinite(hist).all()))
-    tf.keras.mixed_precision.set_global_policy("float32")
+    tf_keras.mixed_precision.set_global_policy("float32")
     return results
 
 

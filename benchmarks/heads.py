@@ -21,10 +21,12 @@ import numpy as np
 
 
 def _head(tf, dim_in: int, hidden: int, dim_out: int, name: str):
-    inputs = tf.keras.Input((dim_in,))
-    x = tf.keras.layers.Dense(hidden, activation="relu", name=f"{name}_hidden")(inputs)
-    x = tf.keras.layers.Dense(dim_out, use_bias=False, name=f"{name}_projection")(x)
-    return tf.keras.Model(inputs, tf.math.l2_normalize(x, axis=-1), name=name)
+    import tf_keras
+
+    inputs = tf_keras.Input((dim_in,))
+    x = tf_keras.layers.Dense(hidden, activation="relu", name=f"{name}_hidden")(inputs)
+    x = tf_keras.layers.Dense(dim_out, use_bias=False, name=f"{name}_projection")(x)
+    return tf_keras.Model(inputs, tf.math.l2_normalize(x, axis=-1), name=name)
 
 
 def make_loss(name: str, scale: float, **kwargs):
@@ -82,16 +84,17 @@ def train_heads(
 ) -> dict:
     """Trains the two heads with ``loss`` and returns ``{"curve", "summary", "metrics", "seconds", ...}``."""
     import tensorflow as tf
+    import tf_keras
 
-    tf.keras.utils.set_random_seed(seed)
+    tf_keras.utils.set_random_seed(seed)
     text_x = tf.constant(features["train_text"])
     text_ids = features["train_text_ids"]
     image_index = np.searchsorted(features["train_image_ids"], text_ids)
     image_x = tf.constant(features["train_image"])
     text_head = _head(tf, text_x.shape[1], hidden, dim, "text_head")
     image_head = _head(tf, image_x.shape[1], hidden, dim, "image_head")
-    schedule = tf.keras.optimizers.schedules.PolynomialDecay(learning_rate, steps, 0.0)
-    optimizer = tf.keras.optimizers.Adam(schedule)
+    schedule = tf_keras.optimizers.schedules.PolynomialDecay(learning_rate, steps, 0.0)
+    optimizer = tf_keras.optimizers.Adam(schedule)
     variables = text_head.trainable_variables + image_head.trainable_variables
 
     @tf.function(jit_compile=jit_compile)

@@ -91,24 +91,25 @@ def _demo_config(fc: FeatureConfig):
 
 def _feature_model(tower, layer_name: str, input_name: str, dtype):
     """raw input -> the tower's pooled features (the input of its projection layer)."""
-    import tensorflow as tf
+    import tf_keras
 
     core = tower.core
-    features = tf.keras.Model(core.inputs, core.get_layer(layer_name).input, name=f"{input_name}_features")
-    raw = tf.keras.Input(shape=(), dtype=dtype, name=input_name)
-    return tf.keras.Model(raw, features(tower.preprocessor(raw)))
+    features = tf_keras.Model(core.inputs, core.get_layer(layer_name).input, name=f"{input_name}_features")
+    raw = tf_keras.Input(shape=(), dtype=dtype, name=input_name)
+    return tf_keras.Model(raw, features(tower.preprocessor(raw)))
 
 
 def _pretrain(extractor, inputs, targets, fc: FeatureConfig, epochs: int, what: str, log) -> None:
     import tensorflow as tf
+    import tf_keras
 
-    tf.keras.utils.set_random_seed(fc.pretrain_seed)
-    logits = tf.keras.layers.Dense(targets.shape[1], name=f"{what}_attributes")(extractor.output)
-    classifier = tf.keras.Model(extractor.input, logits)
+    tf_keras.utils.set_random_seed(fc.pretrain_seed)
+    logits = tf_keras.layers.Dense(targets.shape[1], name=f"{what}_attributes")(extractor.output)
+    classifier = tf_keras.Model(extractor.input, logits)
     classifier.compile(
-        optimizer=tf.keras.optimizers.Adam(1e-3),
-        loss=tf.keras.losses.BinaryCrossentropy(from_logits=True),
-        metrics=[tf.keras.metrics.BinaryAccuracy(threshold=0.0, name="acc")],
+        optimizer=tf_keras.optimizers.Adam(1e-3),
+        loss=tf_keras.losses.BinaryCrossentropy(from_logits=True),
+        metrics=[tf_keras.metrics.BinaryAccuracy(threshold=0.0, name="acc")],
     )
     data = tf.data.Dataset.from_tensor_slices((inputs, targets)).shuffle(len(targets), seed=fc.pretrain_seed)
     t0 = time.perf_counter()

@@ -22,6 +22,7 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 import httpx  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+import tf_keras  # noqa: E402
 
 import ce_retrieval  # noqa: E402,F401
 from ce_retrieval.serving.export import export_encoders  # noqa: E402
@@ -34,21 +35,21 @@ WORDS = (
 ).split()
 
 
-class HashedTextTower(tf.keras.Model):
+class HashedTextTower(tf_keras.Model):
     def __init__(self, dim=128, buckets=4096):
         super().__init__()
         self.buckets = buckets
-        self.table = tf.keras.layers.Embedding(buckets, dim)
+        self.table = tf_keras.layers.Embedding(buckets, dim)
 
     def call(self, texts, training=False):
         ids = tf.strings.to_hash_bucket_fast(tf.strings.split(tf.strings.lower(texts)), self.buckets)
         return tf.math.l2_normalize(tf.reduce_sum(tf.ragged.map_flat_values(self.table, ids), axis=1), axis=-1)
 
 
-class TinyImageTower(tf.keras.Model):
+class TinyImageTower(tf_keras.Model):
     def __init__(self, dim=128):
         super().__init__()
-        self.proj = tf.keras.layers.Dense(dim)
+        self.proj = tf_keras.layers.Dense(dim)
 
     def call(self, image_bytes, training=False):
         imgs = tf.map_fn(

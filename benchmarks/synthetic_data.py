@@ -9,7 +9,6 @@ at this scale leaves room for losses to differ.
     .venv/bin/python benchmarks/synthetic_data.py --steps 400
 """
 
-# ruff: noqa: I001  (ce_retrieval must be imported before TensorFlow: it selects legacy Keras)
 from __future__ import annotations
 
 import argparse
@@ -18,32 +17,31 @@ import time
 from collections import defaultdict
 
 import numpy as np
-
-import ce_retrieval  # noqa: F401
 import tensorflow as tf
+import tf_keras
 
 from ce_retrieval.data import DataConfig, load_retrieval_split, synthetic, train_pipeline
 
 
 def _text_encoder(dim):
-    captions = tf.keras.Input([], dtype=tf.string)
+    captions = tf_keras.Input([], dtype=tf.string)
     tokens = tf.strings.split(tf.strings.lower(captions))
     ids = tf.strings.to_hash_bucket_fast(tokens, 4096)
     # Word identity plus word-bigram identity: order matters for "A above B" vs "B above A".
     bigrams = tf.strings.ngrams(tokens, 2)
     bids = tf.strings.to_hash_bucket_fast(bigrams, 4096) + 4096
     both = tf.concat([ids, bids], axis=1)
-    emb = tf.keras.layers.Embedding(8192, 128)(both.to_tensor(default_value=0))
+    emb = tf_keras.layers.Embedding(8192, 128)(both.to_tensor(default_value=0))
     mask = tf.cast(tf.expand_dims(both.to_tensor(default_value=-1) >= 0, -1), tf.float32)
     pooled = tf.reduce_sum(emb * mask, 1) / tf.maximum(tf.reduce_sum(mask, 1), 1.0)
-    x = tf.keras.layers.Dense(256, activation="relu")(pooled)
-    out = tf.math.l2_normalize(tf.keras.layers.Dense(dim)(x), -1)
-    return tf.keras.Model(captions, out)
+    x = tf_keras.layers.Dense(256, activation="relu")(pooled)
+    out = tf.math.l2_normalize(tf_keras.layers.Dense(dim)(x), -1)
+    return tf_keras.Model(captions, out)
 
 
 def _image_encoder(dim, size):
-    images = tf.keras.Input([], dtype=tf.string)
-    decode = tf.keras.layers.Lambda(
+    images = tf_keras.Input([], dtype=tf.string)
+    decode = tf_keras.layers.Lambda(
         lambda batch: tf.map_fn(
             lambda b: tf.cast(tf.io.decode_png(b, channels=3), tf.float32) / 255.0,
             batch,
@@ -53,12 +51,12 @@ def _image_encoder(dim, size):
     pixels = decode(images)
     x = pixels
     for filters in (32, 64, 96):
-        x = tf.keras.layers.Conv2D(filters, 3, padding="same", activation="relu")(x)
-        x = tf.keras.layers.MaxPool2D()(x)
-    x = tf.keras.layers.Flatten()(x)
-    x = tf.keras.layers.Dense(256, activation="relu")(x)
-    out = tf.math.l2_normalize(tf.keras.layers.Dense(dim)(x), -1)
-    return tf.keras.Model(images, out)
+        x = tf_keras.layers.Conv2D(filters, 3, padding="same", activation="relu")(x)
+        x = tf_keras.layers.MaxPool2D()(x)
+    x = tf_keras.layers.Flatten()(x)
+    x = tf_keras.layers.Dense(256, activation="relu")(x)
+    out = tf.math.l2_normalize(tf_keras.layers.Dense(dim)(x), -1)
+    return tf_keras.Model(images, out)
 
 
 def _recall(text, image, split, ks=(1, 5, 10)):
@@ -108,11 +106,11 @@ def main() -> None:
         f"their scene; vocabulary {len(per_word)} words; rarest words {[(w, len(per_word[w])) for w in rare]}"
     )
 
-    tf.keras.utils.set_random_seed(0)
+    tf_keras.utils.set_random_seed(0)
     text, image = _text_encoder(64), _image_encoder(64, cfg.image_size)
     test = load_retrieval_split(cfg, "test")
     before = _recall(text, image, test)
-    opt = tf.keras.optimizers.Adam(1e-3)
+    opt = tf_keras.optimizers.Adam(1e-3)
     variables = text.trainable_variables + image.trainable_variables
 
     @tf.function

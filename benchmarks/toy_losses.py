@@ -28,6 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import ce_retrieval  # noqa: E402,F401  (legacy Keras before TensorFlow)
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+import tf_keras  # noqa: E402
 from benchmarks.toy_data import GaussianClasses  # noqa: E402
 from ce_retrieval import losses  # noqa: E402
 from ce_retrieval.losses.margin_softmax import AnnealingStepCallback  # noqa: E402
@@ -78,27 +79,27 @@ def training_batches(
     return tf.data.Dataset.from_tensor_slices(((queries, documents), relevance))
 
 
-def build_model(config: ToyConfig) -> tuple[tf.keras.Model, tf.keras.Model]:
+def build_model(config: ToyConfig) -> tuple[tf_keras.Model, tf_keras.Model]:
     """(two-tower training model returning S = cos(q, d) ``[B, B]``, the shared tower alone)."""
-    tf.keras.utils.set_random_seed(config.seed)
+    tf_keras.utils.set_random_seed(config.seed)
     input_dim = config.signal_dim + config.nuisance_dim
-    tower = tf.keras.Sequential(
+    tower = tf_keras.Sequential(
         [
-            tf.keras.layers.Dense(config.hidden_dim, activation="relu", input_shape=(input_dim,)),
-            tf.keras.layers.Dense(config.embed_dim),
-            tf.keras.layers.UnitNormalization(),
+            tf_keras.layers.Dense(config.hidden_dim, activation="relu", input_shape=(input_dim,)),
+            tf_keras.layers.Dense(config.embed_dim),
+            tf_keras.layers.UnitNormalization(),
         ],
         name="tower",
     )
-    queries = tf.keras.Input((input_dim,), name="queries")
-    documents = tf.keras.Input((input_dim,), name="documents")
-    similarity = tf.keras.layers.Lambda(lambda t: tf.matmul(t[0], t[1], transpose_b=True), name="similarity")(
+    queries = tf_keras.Input((input_dim,), name="queries")
+    documents = tf_keras.Input((input_dim,), name="documents")
+    similarity = tf_keras.layers.Lambda(lambda t: tf.matmul(t[0], t[1], transpose_b=True), name="similarity")(
         [tower(queries), tower(documents)]
     )
-    return tf.keras.Model([queries, documents], similarity), tower
+    return tf_keras.Model([queries, documents], similarity), tower
 
 
-def recall_at_1(tower: tf.keras.Model, classes: GaussianClasses, config: ToyConfig, rng: np.random.Generator) -> float:
+def recall_at_1(tower: tf_keras.Model, classes: GaussianClasses, config: ToyConfig, rng: np.random.Generator) -> float:
     query_labels = rng.integers(0, classes.num_classes, size=config.eval_queries)
     gallery_labels = np.repeat(np.arange(classes.num_classes), config.gallery_per_class)
     queries = tower(classes.sample(query_labels, rng).astype(np.float32), training=False).numpy()
@@ -114,7 +115,7 @@ def train_and_evaluate(loss, config: ToyConfig | None = None, **overrides) -> di
     classes = make_classes(config)
     model, tower = build_model(config)
     before = recall_at_1(tower, classes, config, np.random.default_rng(config.seed + 1))
-    model.compile(optimizer=tf.keras.optimizers.Adam(config.learning_rate), loss=loss)
+    model.compile(optimizer=tf_keras.optimizers.Adam(config.learning_rate), loss=loss)
     history = model.fit(
         training_batches(classes, config.batch_size, config.steps, np.random.default_rng(config.seed + 2)),
         epochs=1,

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import tensorflow as tf
+import tf_keras
 
 import ce_retrieval
 from ce_retrieval import cli
@@ -10,7 +11,7 @@ from ce_retrieval.losses import RetrievalLoss, mean_over_positives, relevance_fr
 
 
 def test_legacy_keras_selected():
-    assert tf.keras.layers.Dense.__module__.startswith("tf_keras")
+    assert tf_keras.layers.Dense.__module__.startswith("tf_keras")
     assert ce_retrieval.__version__
 
 
@@ -75,6 +76,7 @@ import json, os
 os.environ["TF_USE_LEGACY_KERAS"] = "1"
 import numpy as np
 import tensorflow as tf
+import tf_keras
 import ce_retrieval
 from tf_keras.src.engine.compile_utils import LossesContainer
 cpu = tf.config.list_physical_devices("CPU")[0]

@@ -14,7 +14,6 @@ when another split is evaluated (skipped with a warning if the dataset has no su
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 
@@ -45,14 +44,6 @@ def add_arguments(parser) -> None:
     )
 
 
-def _config_dict(cfg):
-    if dataclasses.is_dataclass(cfg):
-        return dataclasses.asdict(cfg)
-    if hasattr(cfg, "as_dict"):
-        return cfg.as_dict()
-    return cfg if isinstance(cfg, dict) else repr(cfg)
-
-
 def _scann_factory():
     from ce_retrieval.evaluation.ann import ScannSearch
 
@@ -76,6 +67,7 @@ def _calibration_split(args, cfg, load_retrieval_split):
 
 
 def run(args) -> int:
+    from ce_retrieval.configs import to_dict
     from ce_retrieval.data import load_retrieval_split
     from ce_retrieval.evaluation.evaluate import evaluate_model
     from ce_retrieval.training import load_trained
@@ -101,7 +93,7 @@ def run(args) -> int:
         distractor_images=distractors,
         output_dir=output_dir,
         run_name=run_name,
-        config=_config_dict(cfg),
+        config=to_dict(cfg),
         batch_size=args.batch_size,
         plots=not args.no_plots,
         ann_factory=_scann_factory() if args.ann else None,

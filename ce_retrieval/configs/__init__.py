@@ -1,6 +1,13 @@
 """Typed experiment configs (dataclasses) with YAML files and ``--params_override``; see ``base.py``."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from ce_retrieval.configs.base import ConfigError, from_dict, load_yaml, merge, parse_override, save_yaml, to_dict
+
+if TYPE_CHECKING:
+    from ce_retrieval.configs.experiment import ExperimentConfig
 
 __all__ = [
     "ConfigError",
@@ -14,7 +21,7 @@ __all__ = [
 ]
 
 
-def load_experiment(path: str, overrides: list[str] | None = None):
+def load_experiment(path: str, overrides: list[str] | None = None) -> ExperimentConfig:
     """An :class:`~ce_retrieval.configs.experiment.ExperimentConfig` from a YAML file plus override strings."""
     from ce_retrieval.configs.experiment import ExperimentConfig
 

@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from ce_retrieval.data import synthetic
 from ce_retrieval.data.config import SPLITS, DataConfig
+from ce_retrieval.data.report import LoadReport
 from ce_retrieval.data.schema import CAPTION, IMAGE, IMAGE_ID, RetrievalSplit
 from ce_retrieval.utils.atomic import atomic_path
 
@@ -120,7 +121,7 @@ def vocab_path_for(cfg: DataConfig, workdir: str) -> str:
     return vocab.write_vocab(tokens, path)
 
 
-def load_report(cfg: DataConfig, split: str):
+def load_report(cfg: DataConfig, split: str) -> LoadReport:
     """The :class:`~ce_retrieval.data.report.LoadReport` of a real-format split (rows read, skipped and why).
     The synthetic set has no bad rows; its report counts its examples and images."""
     _check_split(split)

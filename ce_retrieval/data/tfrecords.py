@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 import tensorflow as tf
@@ -81,7 +81,7 @@ def _files(pattern: str) -> list[str]:
     return files
 
 
-def iterate_records(pattern: str):
+def iterate_records(pattern: str) -> Iterator[tuple[str, int, bytes]]:
     """(file, index, caption bytes, image bytes, image_id) for every parseable record, in file order; records that
     do not parse under FEATURE_SPEC yield (file, index, None, None, None)."""
     for path in _files(pattern):
@@ -98,7 +98,9 @@ def iterate_records(pattern: str):
             yield path, index, caption, image, image_id
 
 
-def scan_tfrecords(pattern: str, split: str = "split", skip_corrupt: bool = True, validate: bool = True):
+def scan_tfrecords(
+    pattern: str, split: str = "split", skip_corrupt: bool = True, validate: bool = True
+) -> tuple[LoadReport, list[str]]:
     """Validate every record. Returns (report, bad keys ``"file:index"``)."""
     report = LoadReport(source=f"tfrecord {pattern}", split=split)
     bad: list[str] = []
@@ -123,7 +125,9 @@ def scan_tfrecords(pattern: str, split: str = "split", skip_corrupt: bool = True
     return report, bad
 
 
-def read_tfrecords(pattern: str, skip_corrupt: bool = True, validate: bool = True, split: str = "split"):
+def read_tfrecords(
+    pattern: str, skip_corrupt: bool = True, validate: bool = True, split: str = "split"
+) -> tuple[tf.data.Dataset, LoadReport]:
     """(dataset of unbatched examples, LoadReport). Bad records are dropped (or raise, see ``skip_corrupt``)."""
     report, bad = scan_tfrecords(pattern, split=split, skip_corrupt=skip_corrupt, validate=validate)
     files = _files(pattern)
@@ -150,7 +154,9 @@ def read_tfrecords(pattern: str, skip_corrupt: bool = True, validate: bool = Tru
     return dataset, report
 
 
-def read_all(pattern: str, skip_corrupt: bool = True, validate: bool = True, split: str = "split"):
+def read_all(
+    pattern: str, skip_corrupt: bool = True, validate: bool = True, split: str = "split"
+) -> tuple[list, np.ndarray, list, LoadReport]:
     """Every valid record in Python: (captions, image ids, {image_id: image bytes}, report)."""
     report = LoadReport(source=f"tfrecord {pattern}", split=split)
     captions, ids, images = [], [], {}

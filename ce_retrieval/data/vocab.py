@@ -10,8 +10,12 @@ stripping, punctuation splitting), so a tokenizer built from the file sees exact
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import tensorflow as tf
+
+if TYPE_CHECKING:
+    import tensorflow_text as tf_text
 
 from ce_retrieval.utils.atomic import atomic_write_text
 
@@ -82,7 +86,7 @@ def read_vocab(path: str) -> list[str]:
     return vocab
 
 
-def tokenizer(vocab_path: str):
+def tokenizer(vocab_path: str) -> tf_text.BertTokenizer:
     """The matching ``tensorflow_text.BertTokenizer`` (lower_case=True, [UNK] for out-of-vocab words)."""
     import tensorflow_text as tf_text
 

@@ -13,8 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from scann.scann_ops.py import scann_ops_pybind
 
 from ce_retrieval.evaluation._arrays import as_embeddings
 
@@ -68,7 +72,9 @@ def scann_builder(x: np.ndarray, p: IndexParams, num_neighbors: int = 10, brute_
     )
 
 
-def build_scann(x: np.ndarray, p: IndexParams, num_neighbors: int = 10, brute_force: bool = False):
+def build_scann(
+    x: np.ndarray, p: IndexParams, num_neighbors: int = 10, brute_force: bool = False
+) -> scann_ops_pybind.ScannSearcher:
     """A ScaNN searcher over the rows of ``x`` (float32 [n, d]) returning ``num_neighbors`` by default:
     tree + asymmetric hashing + exact re-ranking with the parameters ``p``, or exact scoring (``brute_force``)."""
     return scann_builder(x, p, num_neighbors, brute_force).build()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 
 import tensorflow as tf
+import tf_keras
 
 from ce_retrieval.evaluation.calibration import global_pr_auc
 from ce_retrieval.evaluation.embed import embed_split
@@ -34,7 +35,7 @@ from ce_retrieval.evaluation.transfer import (
 __all__ = ["RetrievalEvaluationCallback"]
 
 
-class RetrievalEvaluationCallback(tf.keras.callbacks.Callback):
+class RetrievalEvaluationCallback(tf_keras.callbacks.Callback):
     """Adds ``<prefix>pr_auc``, ``<prefix>average_precision``, ``<prefix>best_f1``, ``<prefix>rsum``,
     ``<prefix>{t2i,i2t}_r{K}``, ``<prefix>threshold_spread``, ``<prefix>relative_threshold_spread`` and (with a
     ``calibration_split``) ``<prefix>achieved_precision_{0.5,0.8,0.9}``, ``<prefix>mean_calibration_error`` to
@@ -70,7 +71,7 @@ class RetrievalEvaluationCallback(tf.keras.callbacks.Callback):
     def _encoders(self):
         model = self.model
         for name in ("text_encoder", "image_encoder"):
-            if not isinstance(getattr(model, name, None), tf.keras.Model):
+            if not isinstance(getattr(model, name, None), tf_keras.Model):
                 raise ValueError(f"RetrievalEvaluationCallback needs a model with a Keras `{name}` attribute")
         return model.text_encoder, model.image_encoder
 
@@ -101,7 +102,7 @@ class RetrievalEvaluationCallback(tf.keras.callbacks.Callback):
             out.update({k: float("nan") if figures[k] is None else float(figures[k]) for k in keys})
         return out
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch, logs=None) -> None:
         last = self.params.get("epochs") if self.params else None
         if (epoch + 1) % self.every_n_epochs and (last is None or epoch + 1 != last):
             return
@@ -120,7 +121,7 @@ class RetrievalEvaluationCallback(tf.keras.callbacks.Callback):
             text = ", ".join(f"{self.prefix}{k}: {v:.4f}" for k, v in results.items())
             print(f"\nEpoch {epoch + 1} retrieval: {text}")
 
-    def on_train_end(self, logs=None):
+    def on_train_end(self, logs=None) -> None:
         if self._writer is not None:
             self._writer.close()
             self._writer = None

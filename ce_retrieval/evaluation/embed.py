@@ -1,6 +1,6 @@
 """Embed a retrieval split with the two towers: captions -> queries, unique images -> documents.
 
-Each tower is a ``tf.keras.Model`` mapping a ``[B]`` batch of raw ``tf.string`` (UTF-8 captions / encoded image
+Each tower is a ``tf_keras.Model`` mapping a ``[B]`` batch of raw ``tf.string`` (UTF-8 captions / encoded image
 bytes) to ``[B, d]`` embeddings; it runs in inference mode (``training=False``) inside one traced
 ``tf.function`` per tower and call, in batches of ``batch_size``, and the result is float32 NumPy.
 """
@@ -55,7 +55,9 @@ def _traced(encoder):
     return run
 
 
-def embed_split(text_encoder, image_encoder, split, batch_size: int = 256):
+def embed_split(
+    text_encoder, image_encoder, split, batch_size: int = 256
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``(query_emb [N, d], doc_emb [M, d], query_ids [N], doc_ids [M])`` for a :class:`RetrievalSplit`."""
     query_emb = embed_strings(text_encoder, split.captions, batch_size)
     doc_emb = embed_strings(image_encoder, split.images, batch_size)

@@ -2,7 +2,7 @@
 
 Proxy and pair losses train models whose output is a similarity matrix, not an embedding, so the callback
 takes the embedding model separately (a sub-model sharing the trained layers, e.g.
-``tf.keras.Model(inputs, embeddings)``) and evaluates it with
+``tf_keras.Model(inputs, embeddings)``) and evaluates it with
 :func:`ce_retrieval.evaluation.labelled.labelled_retrieval_metrics` every ``every`` epochs. Metrics enter
 ``logs`` as ``val_recall@1``, ``val_map@r``, ... so ``History``, ``EarlyStopping`` and ``ModelCheckpoint``
 can use them.
@@ -11,12 +11,12 @@ can use them.
 from __future__ import annotations
 
 import numpy as np
-import tensorflow as tf
+import tf_keras
 
 from ce_retrieval.evaluation.labelled import labelled_retrieval_metrics
 
 
-class LabelledRetrievalCallback(tf.keras.callbacks.Callback):
+class LabelledRetrievalCallback(tf_keras.callbacks.Callback):
     """Logs ``prefix + metric`` for ``embedding_model(x)`` against ``labels`` at the end of epochs."""
 
     def __init__(
@@ -42,7 +42,7 @@ class LabelledRetrievalCallback(tf.keras.callbacks.Callback):
         self.batch_size = int(batch_size)
         self.prefix = prefix
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch, logs=None) -> None:
         if (epoch + 1) % self.every:
             return
         embeddings = self.embedding_model.predict(self.x, batch_size=self.batch_size, verbose=0)

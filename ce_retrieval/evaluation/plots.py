@@ -201,7 +201,9 @@ def plot_reliability(
     return _save(fig, path)
 
 
-def pooled_pair_scores(query_emb, doc_emb, query_ids, doc_ids, max_negatives: int = 2_000_000, seed: int = 0):
+def pooled_pair_scores(
+    query_emb, doc_emb, query_ids, doc_ids, max_negatives: int = 2_000_000, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
     """``(positive_scores, negative_scores)`` over all query x document pairs, pooled across queries.
 
     Every positive is kept; negatives are a uniform sample of at most ``max_negatives`` (streamed in row blocks,

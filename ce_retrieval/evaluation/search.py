@@ -48,7 +48,9 @@ def _merge(idx_a, val_a, idx_b, val_b, k):
     return np.take_along_axis(idx, order, axis=1), np.take_along_axis(val, order, axis=1)
 
 
-def exact_search(query_emb, doc_emb, k: int, block_elements: int = DEFAULT_BLOCK_ELEMENTS):
+def exact_search(
+    query_emb, doc_emb, k: int, block_elements: int = DEFAULT_BLOCK_ELEMENTS
+) -> tuple[np.ndarray, np.ndarray]:
     """Exact top-``k`` documents per query: ``(indices [N, k'] int64, scores [N, k'] float32)``, ``k' = min(k, M)``."""
     return ExactSearch(doc_emb, block_elements)(query_emb, k)
 

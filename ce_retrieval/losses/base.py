@@ -33,6 +33,7 @@ from __future__ import annotations
 import inspect
 
 import tensorflow as tf
+import tf_keras
 
 from ce_retrieval.losses._masked import mean_over_positives
 from ce_retrieval.losses._similarity import require_gram
@@ -40,7 +41,7 @@ from ce_retrieval.losses.registry import default_name, register
 from ce_retrieval.losses.relevance import IGNORED, IRRELEVANT, RELEVANT
 
 
-def validate_similarity_inputs(y_true, y_pred, name: str = "loss", gram: bool = False):
+def validate_similarity_inputs(y_true, y_pred, name: str = "loss", gram: bool = False) -> tuple[tf.Tensor, tf.Tensor]:
     """Checks and casts ``(y_true, y_pred)``; returns float32 ``(relevance, scores)``.
 
     Raises ``ValueError`` for problems visible in static shapes and dtypes, and adds run-time asserts that raise
@@ -95,7 +96,7 @@ def validate_similarity_inputs(y_true, y_pred, name: str = "loss", gram: bool = 
     return relevance, scores
 
 
-class RetrievalLoss(tf.keras.losses.Loss):
+class RetrievalLoss(tf_keras.losses.Loss):
     """Base class: validation, float32, bidirectional averaging, config. See module docstring."""
 
     #: The family's loss function ``fn(relevance, scores, **hyperparameters()) -> scalar`` that ``compute`` calls.
@@ -131,7 +132,7 @@ class RetrievalLoss(tf.keras.losses.Loss):
         self,
         bidirectional: bool = False,
         name: str | None = None,
-        reduction: str = tf.keras.losses.Reduction.AUTO,
+        reduction: str = tf_keras.losses.Reduction.AUTO,
         **kwargs,
     ):
         if bidirectional and not self.supports_bidirectional:
@@ -150,7 +151,7 @@ class RetrievalLoss(tf.keras.losses.Loss):
     # No tensor-dependent Python control flow here or in ``compute``: skipping autograph's conversion saves most
     # of a loss's trace time.
     @tf.autograph.experimental.do_not_convert
-    def call(self, y_true, y_pred):
+    def call(self, y_true, y_pred) -> tf.Tensor:
         relevance, scores = validate_similarity_inputs(y_true, y_pred, self.name, gram=self.needs_gram)
         value = self.compute(relevance, scores)
         if self.bidirectional:
@@ -184,11 +185,11 @@ class RetrievalLoss(tf.keras.losses.Loss):
         """``{argument: value}`` for every hyper-parameter of :meth:`hyperparameter_names`."""
         return {key: getattr(self, key) for key in self.hyperparameter_names()}
 
-    def get_config(self):
+    def get_config(self) -> dict:
         """``name``, ``bidirectional`` (where supported) and every hyper-parameter: exactly the constructor's
         arguments, so ``type(loss).from_config(loss.get_config())`` rebuilds the loss."""
         config = super().get_config()
-        if config.get("reduction") == tf.keras.losses.Reduction.AUTO:
+        if config.get("reduction") == tf_keras.losses.Reduction.AUTO:
             config.pop("reduction")
         if self.supports_bidirectional:
             config["bidirectional"] = self.bidirectional

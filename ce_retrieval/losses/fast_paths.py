@@ -240,7 +240,9 @@ def top_k_weights(masked: tf.Tensor, k: tf.Tensor, axis=None) -> tf.Tensor:
     return tf.where(masked > threshold, 1.0, tf.where(masked == threshold, tie_weight, 0.0))
 
 
-def count_below(thresholds: tf.Tensor, values: tf.Tensor, value_mask: tf.Tensor, inclusive: bool = False):
+def count_below(
+    thresholds: tf.Tensor, values: tf.Tensor, value_mask: tf.Tensor, inclusive: bool = False
+) -> tuple[tf.Tensor, tf.Tensor]:
     """Per row, how many masked ``values`` lie below each threshold, and their sum, in O(M log M) per row.
 
     For every ``[a, j]``::
@@ -307,7 +309,9 @@ def next_positive_columns(positive: tf.Tensor, after: tf.Tensor | None = None) -
 SLOT_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
 
-def over_positive_slots(scores: tf.Tensor, positive: tf.Tensor, max_slots: int, make_slot, general):
+def over_positive_slots(
+    scores: tf.Tensor, positive: tf.Tensor, max_slots: int, make_slot, general
+) -> tuple[tf.Tensor, tuple]:
     """A pair loss summed over every positive pair, one *slot* at a time when no row has more than ``max_slots``
     positives; ``general(scores)`` otherwise. Returns ``(value, counts)``.
 

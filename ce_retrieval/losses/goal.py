@@ -87,7 +87,7 @@ PAIR_WEIGHTS = ("constant", "linear", "sigmoid", "linear-ms", "sigmoid-ms")
 __all__ = ["GradientObjective", "goal_gradient", "gradient_objective"]
 
 
-def goal_gradient(relevance, scores, *args, **kwargs):
+def goal_gradient(relevance, scores, *args, **kwargs) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
     """Functional form: ``(value, W, num_pairs)`` for float32 ``relevance`` / ``scores`` of shape ``[N, N]``.
 
     ``value = Sum_i (n_i - p_i) + Sum_i (n'_i - p_i)`` and ``W`` (goal.md's dL/dS) are sums over anchors, not
@@ -281,7 +281,7 @@ def gradient_objective(
     ms_margin: float = 0.1,
     average_over_pairs: bool = True,
     name: str = "gradient_objective",
-):
+) -> tf.Tensor:
     """The GOAL logging value with the prescribed gradient ``W`` attached to ``scores`` (module docstring):
     arguments as :class:`GradientObjective`; ``name`` appears in the layout errors."""
     _check_options(triplet_weight, pair_weight, tau, ms_alpha, ms_beta)

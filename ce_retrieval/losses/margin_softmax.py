@@ -46,6 +46,7 @@ import math
 import warnings
 
 import tensorflow as tf
+import tf_keras
 
 from ce_retrieval.losses.base import RetrievalLoss
 from ce_retrieval.losses.registry import register
@@ -179,7 +180,7 @@ class LargeMarginSoftmax(_MarginSoftmax):
     default_margin = 2
     integer_margin = True
 
-    def positive_cosine(self, cosine):
+    def positive_cosine(self, cosine: tf.Tensor) -> tf.Tensor:
         return psi(cosine, self.margin)
 
 
@@ -239,7 +240,7 @@ class AngularSoftmax(_MarginSoftmax):
         decayed = self.lambda_base * tf.pow(1.0 + self.lambda_gamma * step, -self.lambda_power)
         return tf.maximum(decayed, self.lambda_min)
 
-    def positive_cosine(self, cosine):
+    def positive_cosine(self, cosine: tf.Tensor) -> tf.Tensor:
         return sphereface_cosine(cosine, self.margin, self.annealing_lambda())
 
     def function_kwargs(self) -> dict:  # the function takes the current lambda, not its schedule
@@ -260,7 +261,7 @@ class AdditiveMarginSoftmax(_MarginSoftmax):
     function = additive_margin_softmax
     default_margin = 0.35
 
-    def positive_cosine(self, cosine):
+    def positive_cosine(self, cosine: tf.Tensor) -> tf.Tensor:
         return cosine - self.margin
 
 
@@ -278,11 +279,11 @@ class ArcMarginSoftmax(_MarginSoftmax):
     default_margin = 0.5
     margin_upper = math.pi / 2
 
-    def positive_cosine(self, cosine):
+    def positive_cosine(self, cosine: tf.Tensor) -> tf.Tensor:
         return arcface_cosine(cosine, self.margin)
 
 
-class AnnealingStepCallback(tf.keras.callbacks.Callback):
+class AnnealingStepCallback(tf_keras.callbacks.Callback):
     """Keeps the ``step`` variable of annealed losses (``AngularSoftmax``) equal to ``optimizer.iterations``.
 
     Args:
@@ -308,7 +309,7 @@ class AnnealingStepCallback(tf.keras.callbacks.Callback):
         for loss in self._targets():
             loss.step.assign(tf.cast(iterations, loss.step.dtype))
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs=None) -> None:
         if not self._targets():
             warnings.warn(
                 "AnnealingStepCallback: the compiled model has no loss with a `step` variable (was the loss "
@@ -317,7 +318,7 @@ class AnnealingStepCallback(tf.keras.callbacks.Callback):
             )
         self._sync()
 
-    def on_train_batch_begin(self, batch, logs=None):
+    def on_train_batch_begin(self, batch, logs=None) -> None:
         self._sync()
 
 

@@ -10,7 +10,7 @@ per row and nothing ignored it is exactly the cross-entropy of CLIP.
 
 * ``NPairLoss(scale=1.0)``: Sohn's form on raw inner products ``f^T f+`` (scale 1). Sohn also adds an L2
   penalty on the un-normalised embeddings (lambda = 0.002); that needs the embeddings, not ``S``: add
-  ``activity_regularizer=tf.keras.regularizers.L2(0.002)`` to the embedding layer.
+  ``activity_regularizer=tf_keras.regularizers.L2(0.002)`` to the embedding layer.
 * ``InfoNCE(temperature=0.07)``: logits ``S / temperature`` (CLIP's initial temperature). ``NPairLoss(scale=s)``
   equals ``InfoNCE(temperature=1/s)``.
 * ``SymmetricInfoNCE``: CLIP's loss, the mean of the text->image loss on ``S`` and image->text on ``S^T``

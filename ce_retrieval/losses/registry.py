@@ -7,8 +7,11 @@
 from __future__ import annotations
 
 import re
+from typing import TypeVar
 
-import tensorflow as tf
+import tf_keras
+
+T = TypeVar("T")
 
 _LOSSES: dict[str, type] = {}
 
@@ -31,7 +34,7 @@ def aliases(cls: type) -> set[str]:
     return {cls.__name__, cls.__name__.lower(), snake_case(cls.__name__), default_name(cls)}
 
 
-def register(cls):
+def register(cls: type[T]) -> type[T]:
     """Class decorator: Keras-serialisable under ``ce_retrieval>ClassName`` and selectable by every name of
     :func:`aliases`. A name already taken by another class raises ``ValueError``."""
     names = aliases(cls)
@@ -41,7 +44,7 @@ def register(cls):
             raise ValueError(
                 f"register: the loss name {alias!r} is already taken by {taken.__module__}.{taken.__qualname__}"
             )
-    cls = tf.keras.utils.register_keras_serializable(package="ce_retrieval")(cls)
+    cls = tf_keras.utils.register_keras_serializable(package="ce_retrieval")(cls)
     for alias in names:
         _LOSSES[alias] = cls
     return cls
@@ -52,14 +55,14 @@ def unregister(cls) -> None:
     for alias in [name for name, registered in _LOSSES.items() if registered is cls]:
         del _LOSSES[alias]
     key = f"ce_retrieval>{cls.__name__}"
-    if tf.keras.utils.get_custom_objects().get(key) is cls:
-        del tf.keras.utils.get_custom_objects()[key]
+    if tf_keras.utils.get_custom_objects().get(key) is cls:
+        del tf_keras.utils.get_custom_objects()[key]
 
 
-def get(identifier, **kwargs):
+def get(identifier: str | dict | tf_keras.losses.Loss, **kwargs) -> tf_keras.losses.Loss:
     """A loss instance from a class name (``'CrossExampleSoftmax'``, ``'cross_example_softmax'``), a config
     dict ``{'class_name': ..., 'config': {...}}``, or an instance (returned as is)."""
-    if isinstance(identifier, tf.keras.losses.Loss):
+    if isinstance(identifier, tf_keras.losses.Loss):
         return identifier
     if isinstance(identifier, dict):
         cls = _lookup(identifier["class_name"])

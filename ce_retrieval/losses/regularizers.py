@@ -6,12 +6,12 @@ ProbML 16.2.6): the batch variance of the norms of the *un-normalised* embedding
     L_sec = 1/B sum_i (||f_i|| - mu)^2,        mu = 1/B sum_i ||f_i||
 
 so that all points sit on one sphere before the L2 normalisation that feeds the cosine similarity. It is a
-``tf.keras.regularizers.Regularizer`` for ``activity_regularizer=`` of the layer that outputs the raw
+``tf_keras.regularizers.Regularizer`` for ``activity_regularizer=`` of the layer that outputs the raw
 embedding (it must see the embedding *before* normalisation). Keras divides an activity regulariser by the
 batch size, so, like Keras' own ``L2``, ``__call__`` returns the batch *sum* ``weight * sum_i (||f_i|| - mu)^2``
 and the loss Keras adds is exactly ``weight * L_sec``::
 
-    raw = tf.keras.layers.Dense(128, activity_regularizer=SphericalEmbeddingConstraint(0.1))(features)
+    raw = tf_keras.layers.Dense(128, activity_regularizer=SphericalEmbeddingConstraint(0.1))(features)
     emb = tf.math.l2_normalize(raw, axis=-1)      # model.losses then holds 0.1 * L_sec
 
 ``DivergenceLoss`` (Kim et al. 2018, "Attention-based ensemble for deep metric learning"): pushes the K heads
@@ -28,10 +28,11 @@ adds lambda * L_div). Both compute in float32 under mixed precision.
 from __future__ import annotations
 
 import tensorflow as tf
+import tf_keras
 
 
-@tf.keras.utils.register_keras_serializable(package="ce_retrieval")
-class SphericalEmbeddingConstraint(tf.keras.regularizers.Regularizer):
+@tf_keras.utils.register_keras_serializable(package="ce_retrieval")
+class SphericalEmbeddingConstraint(tf_keras.regularizers.Regularizer):
     """SEC: ``weight * sum_i (||f_i|| - mean_j ||f_j||)^2`` (Keras divides by the batch size); see module doc."""
 
     def __init__(self, weight: float = 1.0):
@@ -47,12 +48,12 @@ class SphericalEmbeddingConstraint(tf.keras.regularizers.Regularizer):
         norms = tf.norm(tf.reshape(x, [-1, tf.shape(x)[-1]]), axis=-1)
         return self.weight * tf.reduce_sum(tf.square(norms - tf.reduce_mean(norms)))
 
-    def get_config(self):
+    def get_config(self) -> dict:
         return {"weight": self.weight}
 
 
-@tf.keras.utils.register_keras_serializable(package="ce_retrieval")
-class DivergenceLoss(tf.keras.layers.Layer):
+@tf_keras.utils.register_keras_serializable(package="ce_retrieval")
+class DivergenceLoss(tf_keras.layers.Layer):
     """Adds ``weight * mean_i sum_{a<b} [m - ||f_a - f_b||^2]_+`` over ensemble heads; see module doc."""
 
     def __init__(self, margin: float = 1.0, weight: float = 1.0, normalize: bool = True, **kwargs):
@@ -61,7 +62,7 @@ class DivergenceLoss(tf.keras.layers.Layer):
             raise ValueError(f"DivergenceLoss: need margin > 0 and weight >= 0, got {margin}, {weight}")
         self.margin, self.weight, self.normalize = float(margin), float(weight), bool(normalize)
 
-    def call(self, heads):
+    def call(self, heads) -> tf.Tensor:
         stacked = tf.stack(heads, axis=1) if isinstance(heads, (list, tuple)) else heads
         if stacked.shape.rank != 3:
             raise ValueError(
@@ -82,7 +83,7 @@ class DivergenceLoss(tf.keras.layers.Layer):
         self.add_loss(self.weight * tf.reduce_mean(per_example))
         return heads
 
-    def get_config(self):
+    def get_config(self) -> dict:
         config = super().get_config()
         config.update(margin=self.margin, weight=self.weight, normalize=self.normalize)
         return config

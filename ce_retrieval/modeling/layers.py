@@ -8,10 +8,11 @@ embeddings leave each tower as unit-norm float32 vectors and the cosine similari
 from __future__ import annotations
 
 import tensorflow as tf
+import tf_keras
 
 
-@tf.keras.utils.register_keras_serializable(package="ce_retrieval")
-class L2Normalize(tf.keras.layers.Layer):
+@tf_keras.utils.register_keras_serializable(package="ce_retrieval")
+class L2Normalize(tf_keras.layers.Layer):
     """Casts to float32 and L2-normalises along the last axis."""
 
     def __init__(self, epsilon: float = 1e-12, **kwargs):
@@ -19,11 +20,11 @@ class L2Normalize(tf.keras.layers.Layer):
         super().__init__(**kwargs)
         self.epsilon = epsilon
 
-    def call(self, inputs):
+    def call(self, inputs) -> tf.Tensor:
         x = tf.cast(inputs, tf.float32)
         return tf.math.l2_normalize(x, axis=-1, epsilon=self.epsilon)
 
-    def get_config(self):
+    def get_config(self) -> dict:
         return {**super().get_config(), "epsilon": self.epsilon}
 
 

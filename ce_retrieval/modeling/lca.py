@@ -76,7 +76,7 @@ class LatentCoincidenceAnalysis:
         return float(np.exp(res.x)) if res.fun < objective(t0) else kappa2
 
     # -- estimator -----------------------------------------------------------------------------------
-    def fit(self, x, x_prime, similar):
+    def fit(self, x, x_prime, similar) -> LatentCoincidenceAnalysis:
         x, x_prime, similar = self._check(x, x_prime, similar)
         dim = x.shape[1]
         self._rank = int(self.rank or dim)

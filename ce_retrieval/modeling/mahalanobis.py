@@ -14,10 +14,11 @@ embedding in which Euclidean distance is ``d_M``.
 from __future__ import annotations
 
 import tensorflow as tf
+import tf_keras
 
 
-@tf.keras.utils.register_keras_serializable(package="ce_retrieval")
-class MahalanobisProjection(tf.keras.layers.Layer):
+@tf_keras.utils.register_keras_serializable(package="ce_retrieval")
+class MahalanobisProjection(tf_keras.layers.Layer):
     """``z = x Wᵀ`` (stored as the ``[D, rank]`` kernel ``Wᵀ``); ``metric()`` returns ``M = WᵀW``.
 
     ``kernel_initializer='identity'`` (default) starts from the Euclidean metric (``W = I`` truncated to
@@ -29,10 +30,10 @@ class MahalanobisProjection(tf.keras.layers.Layer):
         if int(rank) < 1:
             raise ValueError(f"MahalanobisProjection: rank must be >= 1, got {rank}")
         self.rank = int(rank)
-        self.kernel_initializer = tf.keras.initializers.get(kernel_initializer)
-        self.kernel_regularizer = tf.keras.regularizers.get(kernel_regularizer)
+        self.kernel_initializer = tf_keras.initializers.get(kernel_initializer)
+        self.kernel_regularizer = tf_keras.regularizers.get(kernel_regularizer)
 
-    def build(self, input_shape):
+    def build(self, input_shape) -> None:
         dim = tf.TensorShape(input_shape)[-1]
         if dim is None:
             raise ValueError("MahalanobisProjection: the feature dimension (last input axis) must be known")
@@ -45,7 +46,7 @@ class MahalanobisProjection(tf.keras.layers.Layer):
         )
         super().build(input_shape)
 
-    def call(self, x):
+    def call(self, x) -> tf.Tensor:
         return tf.matmul(tf.cast(x, self.compute_dtype), tf.cast(self.kernel, self.compute_dtype))
 
     def metric(self) -> tf.Tensor:
@@ -58,23 +59,23 @@ class MahalanobisProjection(tf.keras.layers.Layer):
         diff = tf.cast(self(x), tf.float32) - tf.cast(self(y), tf.float32)
         return tf.reduce_sum(tf.square(diff), axis=-1)
 
-    def compute_output_shape(self, input_shape):
+    def compute_output_shape(self, input_shape) -> tf.TensorShape:
         return tf.TensorShape(input_shape)[:-1].concatenate([self.rank])
 
-    def get_config(self):
+    def get_config(self) -> dict:
         config = super().get_config()
         config.update(
             rank=self.rank,
-            kernel_initializer=tf.keras.initializers.serialize(self.kernel_initializer),
-            kernel_regularizer=tf.keras.regularizers.serialize(self.kernel_regularizer)
+            kernel_initializer=tf_keras.initializers.serialize(self.kernel_initializer),
+            kernel_regularizer=tf_keras.regularizers.serialize(self.kernel_regularizer)
             if self.kernel_regularizer is not None
             else None,
         )
         return config
 
 
-@tf.keras.utils.register_keras_serializable(package="ce_retrieval")
-class PairwiseNegativeSquaredDistance(tf.keras.layers.Layer):
+@tf_keras.utils.register_keras_serializable(package="ce_retrieval")
+class PairwiseNegativeSquaredDistance(tf_keras.layers.Layer):
     """``S[i, j] = −‖z_i − z_j‖²`` for a batch ``z`` ``[N, L]`` (or ``[z_q, z_d]`` for two sets).
 
     Computed in float32 as ``2 z_i·z_j − ‖z_i‖² − ‖z_j‖²`` and clamped at 0 (the diagonal is exactly 0),
@@ -85,7 +86,7 @@ class PairwiseNegativeSquaredDistance(tf.keras.layers.Layer):
         kwargs.setdefault("dtype", "float32")
         super().__init__(**kwargs)
 
-    def call(self, inputs):
+    def call(self, inputs) -> tf.Tensor:
         if isinstance(inputs, (list, tuple)):
             queries, docs = inputs
         else:

@@ -11,13 +11,15 @@ is added by ``TwoTowerModel.compile`` (one ``LossScaleOptimizer`` per optimizer)
 
 from __future__ import annotations
 
-import tensorflow as tf
+import tf_keras
 
 from ce_retrieval.modeling.config import OptimizerConfig
 from ce_retrieval.modeling.schedules import WarmupLinearDecay
 
 
-def build_optimizers(opt_cfg: OptimizerConfig, total_steps: int):
+def build_optimizers(
+    opt_cfg: OptimizerConfig, total_steps: int
+) -> tuple[tf_keras.optimizers.Optimizer, tf_keras.optimizers.Optimizer]:
     """``(text_optimizer, image_optimizer)`` for a run of ``total_steps`` steps."""
     if total_steps <= 0:
         raise ValueError(f"build_optimizers: total_steps must be positive, got {total_steps}")
@@ -35,7 +37,7 @@ def build_optimizers(opt_cfg: OptimizerConfig, total_steps: int):
         end_learning_rate=opt_cfg.image_end_learning_rate,
         name="image_lr",
     )
-    text_optimizer = tf.keras.optimizers.AdamW(
+    text_optimizer = tf_keras.optimizers.AdamW(
         learning_rate=text_schedule,
         weight_decay=opt_cfg.text_weight_decay,
         beta_1=opt_cfg.text_beta_1,
@@ -46,7 +48,7 @@ def build_optimizers(opt_cfg: OptimizerConfig, total_steps: int):
     )
     if opt_cfg.text_weight_decay and opt_cfg.text_exclude_from_weight_decay:
         text_optimizer.exclude_from_weight_decay(var_names=list(opt_cfg.text_exclude_from_weight_decay))
-    image_optimizer = tf.keras.optimizers.SGD(
+    image_optimizer = tf_keras.optimizers.SGD(
         learning_rate=image_schedule,
         momentum=opt_cfg.image_momentum,
         nesterov=opt_cfg.image_nesterov,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 import tensorflow as tf
+import tf_keras
 
 
 def proxy_relevance(labels, num_classes: int, proxies_per_class: int = 1, dtype=tf.float32) -> tf.Tensor:
@@ -45,7 +46,9 @@ def proxy_relevance(labels, num_classes: int, proxies_per_class: int = 1, dtype=
     return tf.repeat(one_hot, proxies_per_class, axis=1)
 
 
-def fixed_centroids(num_classes: int, dim: int, method: str = "one_hot", seed: int = 0, samples_per_class: int = 64):
+def fixed_centroids(
+    num_classes: int, dim: int, method: str = "one_hot", seed: int = 0, samples_per_class: int = 64
+) -> np.ndarray:
     """Unit-norm class centroids ``[num_classes, dim]`` for the centroid upper bound (ProbML 16.2.5.3).
 
     ``'one_hot'``: ``c_m = e_m`` (needs ``dim >= num_classes``): orthogonal, pairwise distance √2 — the
@@ -68,8 +71,8 @@ def fixed_centroids(num_classes: int, dim: int, method: str = "one_hot", seed: i
     raise ValueError(f"fixed_centroids: method must be 'one_hot' or 'kmeans', got {method!r}")
 
 
-@tf.keras.utils.register_keras_serializable(package="ce_retrieval")
-class ProxySimilarity(tf.keras.layers.Layer):
+@tf_keras.utils.register_keras_serializable(package="ce_retrieval")
+class ProxySimilarity(tf_keras.layers.Layer):
     """Cosine similarity of embeddings ``[N, D]`` to ``num_classes · proxies_per_class`` learned proxies.
 
     Args:
@@ -104,15 +107,15 @@ class ProxySimilarity(tf.keras.layers.Layer):
             )
         self.num_classes = int(num_classes)
         self.proxies_per_class = int(proxies_per_class)
-        self.proxy_initializer = tf.keras.initializers.get(proxy_initializer)
-        self.proxy_regularizer = tf.keras.regularizers.get(proxy_regularizer)
+        self.proxy_initializer = tf_keras.initializers.get(proxy_initializer)
+        self.proxy_regularizer = tf_keras.regularizers.get(proxy_regularizer)
         self.normalize_embeddings = bool(normalize_embeddings)
 
     @property
     def num_proxies(self) -> int:
         return self.num_classes * self.proxies_per_class
 
-    def build(self, input_shape):
+    def build(self, input_shape) -> None:
         dim = tf.TensorShape(input_shape)[-1]
         if dim is None:
             raise ValueError("ProxySimilarity: the embedding dimension (last input axis) must be known")
@@ -126,7 +129,7 @@ class ProxySimilarity(tf.keras.layers.Layer):
         )
         super().build(input_shape)
 
-    def call(self, embeddings):
+    def call(self, embeddings) -> tf.Tensor:
         embeddings = tf.cast(embeddings, tf.float32)
         if self.normalize_embeddings:
             embeddings = tf.math.l2_normalize(embeddings, axis=-1)
@@ -136,16 +139,16 @@ class ProxySimilarity(tf.keras.layers.Layer):
         """``[C·K, D]`` unit-norm proxies."""
         return tf.math.l2_normalize(self.proxies, axis=-1)
 
-    def compute_output_shape(self, input_shape):
+    def compute_output_shape(self, input_shape) -> tf.TensorShape:
         return tf.TensorShape(input_shape)[:-1].concatenate([self.num_proxies])
 
-    def get_config(self):
+    def get_config(self) -> dict:
         config = super().get_config()
         config.update(
             num_classes=self.num_classes,
             proxies_per_class=self.proxies_per_class,
-            proxy_initializer=tf.keras.initializers.serialize(self.proxy_initializer),
-            proxy_regularizer=tf.keras.regularizers.serialize(self.proxy_regularizer)
+            proxy_initializer=tf_keras.initializers.serialize(self.proxy_initializer),
+            proxy_regularizer=tf_keras.regularizers.serialize(self.proxy_regularizer)
             if self.proxy_regularizer is not None
             else None,
             normalize_embeddings=self.normalize_embeddings,
@@ -153,8 +156,8 @@ class ProxySimilarity(tf.keras.layers.Layer):
         return config
 
 
-@tf.keras.utils.register_keras_serializable(package="ce_retrieval")
-class SoftTripleCenterRegularizer(tf.keras.regularizers.Regularizer):
+@tf_keras.utils.register_keras_serializable(package="ce_retrieval")
+class SoftTripleCenterRegularizer(tf_keras.regularizers.Regularizer):
     """SoftTriple's centre regulariser (Qian et al. 2019, eq. 13), on a ``[C·K, D]`` proxy matrix:
 
         R = τ · Σ_c Σ_{k<k'} sqrt(2 + ε − 2 ŵ_{c,k}·ŵ_{c,k'}) / (C·K·(K−1))
@@ -183,7 +186,7 @@ class SoftTripleCenterRegularizer(tf.keras.regularizers.Regularizer):
         total = tf.reduce_sum(dist * upper[None])
         return self.weight * total / (self.num_classes * k * (k - 1))
 
-    def get_config(self):
+    def get_config(self) -> dict:
         return dict(
             num_classes=self.num_classes,
             proxies_per_class=self.proxies_per_class,

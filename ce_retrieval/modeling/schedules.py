@@ -10,10 +10,11 @@ steps (lr = end from T on). Text tower: peak 1e-4, W = 1,500, end 0. Image tower
 from __future__ import annotations
 
 import tensorflow as tf
+import tf_keras
 
 
-@tf.keras.utils.register_keras_serializable(package="ce_retrieval")
-class WarmupLinearDecay(tf.keras.optimizers.schedules.LearningRateSchedule):
+@tf_keras.utils.register_keras_serializable(package="ce_retrieval")
+class WarmupLinearDecay(tf_keras.optimizers.schedules.LearningRateSchedule):
     """Linear warm-up from 0 to ``peak_learning_rate`` over ``warmup_steps``, then linear decay to
     ``end_learning_rate`` at ``total_steps``."""
 
@@ -51,7 +52,7 @@ class WarmupLinearDecay(tf.keras.optimizers.schedules.LearningRateSchedule):
                 return decayed
             return tf.where(t < warmup, peak * t / warmup, decayed)
 
-    def get_config(self):
+    def get_config(self) -> dict:
         return {
             "peak_learning_rate": self.peak_learning_rate,
             "total_steps": self.total_steps,

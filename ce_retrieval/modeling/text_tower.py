@@ -18,6 +18,7 @@ import typing
 
 import tensorflow as tf
 import tensorflow_text as tf_text
+import tf_keras
 from official.nlp.modeling import layers as nlp_layers
 from official.nlp.modeling import networks
 
@@ -32,9 +33,9 @@ BERT_INPUT_KEYS = ("input_word_ids", "input_mask", "input_type_ids")
 class Tower(typing.NamedTuple):
     """One tower as three weight-sharing parts: raw input -> preprocessor -> core -> unit embedding."""
 
-    preprocessor: tf.keras.layers.Layer
-    core: tf.keras.Model
-    encoder: tf.keras.Model
+    preprocessor: tf_keras.layers.Layer
+    core: tf_keras.Model
+    encoder: tf_keras.Model
 
     @classmethod
     def assemble(cls, preprocessor, inputs, features, embedding_dim: int, prefix: str, raw_input: str) -> Tower:
@@ -42,16 +43,16 @@ class Tower(typing.NamedTuple):
         activation, then L2-normalised (layers ``{prefix}_projection``, ``{prefix}_embedding``); ``core``
         (``{prefix}_core``) maps ``inputs`` to the embedding, ``encoder`` (``{prefix}_encoder``) a raw tf.string
         batch (input ``raw_input``) through ``preprocessor`` and ``core``."""
-        projected = tf.keras.layers.Dense(embedding_dim, use_bias=False, name=f"{prefix}_projection")(features)
+        projected = tf_keras.layers.Dense(embedding_dim, use_bias=False, name=f"{prefix}_projection")(features)
         embedding = L2Normalize(name=f"{prefix}_embedding")(projected)
-        core = tf.keras.Model(inputs, embedding, name=f"{prefix}_core")
-        raw = tf.keras.Input(shape=(), dtype=tf.string, name=raw_input)
-        encoder = tf.keras.Model(raw, core(preprocessor(raw)), name=f"{prefix}_encoder")
+        core = tf_keras.Model(inputs, embedding, name=f"{prefix}_core")
+        raw = tf_keras.Input(shape=(), dtype=tf.string, name=raw_input)
+        encoder = tf_keras.Model(raw, core(preprocessor(raw)), name=f"{prefix}_encoder")
         return cls(preprocessor, core, encoder)
 
 
-@tf.keras.utils.register_keras_serializable(package="ce_retrieval")
-class TextPreprocessor(tf.keras.layers.Layer):
+@tf_keras.utils.register_keras_serializable(package="ce_retrieval")
+class TextPreprocessor(tf_keras.layers.Layer):
     """Raw strings [B] -> BERT inputs: WordPiece (lower-cased), truncated to ``seq_length - 2``, packed as
     ``[CLS] tokens [SEP] [PAD]...``; returns int32 ``input_word_ids``, ``input_mask``, ``input_type_ids`` [B, L]."""
 
@@ -74,7 +75,7 @@ class TextPreprocessor(tf.keras.layers.Layer):
         self._table = tf.lookup.StaticHashTable(initializer, default_value=-1)
         self._tokenizer = tf_text.BertTokenizer(self._table, lower_case=self.lower_case, token_out_type=tf.int64)
 
-    def call(self, inputs):
+    def call(self, inputs) -> dict[str, tf.Tensor]:
         strings = as_string_batch(inputs, "TextPreprocessor", "captions")
         batch_size = tf.shape(strings)[0]
         pieces = self._tokenizer.tokenize(strings)  # [B, (words), (pieces)] int64
@@ -90,7 +91,7 @@ class TextPreprocessor(tf.keras.layers.Layer):
             key: tf.ensure_shape(tf.cast(packed[key], tf.int32), [None, self.seq_length]) for key in BERT_INPUT_KEYS
         }
 
-    def get_config(self):
+    def get_config(self) -> dict:
         return {
             **super().get_config(),
             "vocab_file": self.vocab_file,
@@ -115,7 +116,7 @@ def _pool(outputs, input_mask, pooling: str, where: str):
     return tf.reduce_sum(sequence * mask, axis=1) / tf.maximum(tf.reduce_sum(mask, axis=1), 1.0)
 
 
-def build_bert_encoder(cfg: TextTowerConfig, vocab_size: int) -> tf.keras.layers.Layer:
+def build_bert_encoder(cfg: TextTowerConfig, vocab_size: int) -> tf_keras.layers.Layer:
     """Model Garden ``BertEncoderV2`` of the configured size, restored from ``cfg.init_checkpoint`` if set."""
     if cfg.max_seq_length > cfg.max_position_embeddings:
         raise ValueError(
@@ -128,9 +129,9 @@ def build_bert_encoder(cfg: TextTowerConfig, vocab_size: int) -> tf.keras.layers
         num_layers=cfg.num_layers,
         num_attention_heads=cfg.num_attention_heads,
         inner_dim=cfg.intermediate_size,
-        inner_activation=tf.keras.activations.get(cfg.hidden_activation)
+        inner_activation=tf_keras.activations.get(cfg.hidden_activation)
         if cfg.hidden_activation != "gelu"
-        else (lambda x: tf.keras.activations.gelu(x, approximate=True)),
+        else (lambda x: tf_keras.activations.gelu(x, approximate=True)),
         output_dropout=cfg.dropout_rate,
         attention_dropout=cfg.attention_dropout_rate,
         max_sequence_length=cfg.max_position_embeddings,
@@ -150,7 +151,7 @@ def build_bert_encoder(cfg: TextTowerConfig, vocab_size: int) -> tf.keras.layers
     return encoder
 
 
-def build_hub_encoder(cfg: TextTowerConfig) -> tf.keras.layers.Layer:
+def build_hub_encoder(cfg: TextTowerConfig) -> tf_keras.layers.Layer:
     """``hub.KerasLayer`` for a TF-Hub URL or a local SavedModel directory with BERT dict inputs/outputs."""
     hub = import_tensorflow_hub()
     return hub.KerasLayer(cfg.hub_handle, trainable=cfg.trainable, name="hub_text_encoder")
@@ -201,7 +202,7 @@ def build_text_tower(cfg: TextTowerConfig, embedding_dim: int, vocab_path: str |
     encoder_layer.trainable = cfg.trainable
     if cfg.kind == "bert" and cfg.pooling != "pooled":
         encoder_layer.pooler_layer.trainable = False  # the tanh pooler is unused: no gradient reaches it
-    inputs = {key: tf.keras.Input(shape=(cfg.max_seq_length,), dtype=tf.int32, name=key) for key in BERT_INPUT_KEYS}
+    inputs = {key: tf_keras.Input(shape=(cfg.max_seq_length,), dtype=tf.int32, name=key) for key in BERT_INPUT_KEYS}
     pooled = _pool(encoder_layer(inputs), inputs["input_mask"], cfg.pooling, "text tower")
     return Tower.assemble(preprocessor, inputs, pooled, embedding_dim, prefix="text", raw_input="caption")
 

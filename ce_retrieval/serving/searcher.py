@@ -99,7 +99,7 @@ class Searcher:
         return searcher
 
     @property
-    def logit_scale(self):
+    def logit_scale(self) -> float | None:
         return self.metadata.get("logit_scale")
 
     def embed(self, texts, batch_size: int = 256) -> np.ndarray:

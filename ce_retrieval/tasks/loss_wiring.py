@@ -14,7 +14,14 @@ embedding set (``needs_gram``) are given the joint Gram matrix of ``[text; image
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ce_retrieval import losses
+
+if TYPE_CHECKING:
+    from ce_retrieval.configs.experiment import LossConfig
+    from ce_retrieval.losses.base import RetrievalLoss
+    from ce_retrieval.modeling.config import ModelConfig
 
 
 def loss_parameters(cls) -> list[str]:
@@ -23,7 +30,7 @@ def loss_parameters(cls) -> list[str]:
     return [*cls.hyperparameter_names(), "name", *(["bidirectional"] if cls.supports_bidirectional else [])]
 
 
-def build_loss(loss_cfg, model_cfg):
+def build_loss(loss_cfg: LossConfig, model_cfg: ModelConfig) -> RetrievalLoss:
     """The configured loss, with λ from ``model_cfg`` (see the module docstring).
 
     Args:

@@ -16,14 +16,20 @@ import json
 import os
 import shutil
 import time
+from typing import TYPE_CHECKING
 
 import tensorflow as tf
+import tf_keras
 
 from ce_retrieval.configs import save_yaml
 from ce_retrieval.tasks import RetrievalTask
 from ce_retrieval.training import distribute
 from ce_retrieval.training.callbacks import ThroughputLogger, WeightsCheckpoint
 from ce_retrieval.utils.atomic import atomic_write_text
+
+if TYPE_CHECKING:
+    from ce_retrieval.configs.experiment import ExperimentConfig
+    from ce_retrieval.modeling.two_tower import TwoTowerModel
 
 
 class _QuietPfor:
@@ -53,8 +59,8 @@ def train(cfg, model_dir: str, extra_callbacks=(), print_fn=print) -> dict:
     strategy = distribute.make_strategy(cfg.train)  # first: may split the CPU into logical devices
     _quiet_known_noise()
     policy = distribute.precision_policy(cfg.train, strategy)
-    tf.keras.mixed_precision.set_global_policy(policy)
-    tf.keras.utils.set_random_seed(cfg.train.seed)
+    tf_keras.mixed_precision.set_global_policy(policy)
+    tf_keras.utils.set_random_seed(cfg.train.seed)
     if cfg.train.deterministic:
         # Same seed, same weights: ops pick deterministic kernels and tf.data keeps its order (process-wide).
         tf.config.experimental.enable_op_determinism()
@@ -80,7 +86,7 @@ def train(cfg, model_dir: str, extra_callbacks=(), print_fn=print) -> dict:
         ThroughputLogger(cfg.train.batch_size, print_fn=print_fn if distribute.is_chief() else None),
         *task.build_callbacks(model, out_dir),
         *extra_callbacks,
-        tf.keras.callbacks.BackupAndRestore(
+        tf_keras.callbacks.BackupAndRestore(
             os.path.join(out_dir, "backup"), save_freq=cfg.train.backup_every_steps, delete_checkpoint=True
         ),
         WeightsCheckpoint(
@@ -89,7 +95,7 @@ def train(cfg, model_dir: str, extra_callbacks=(), print_fn=print) -> dict:
             mode=cfg.evaluation.monitor_mode,
             keep=cfg.train.keep_checkpoints,
         ),
-        tf.keras.callbacks.TensorBoard(
+        tf_keras.callbacks.TensorBoard(
             os.path.join(out_dir, "logs"), update_freq=cfg.train.tensorboard_update_freq, profile_batch=0
         ),
     ]
@@ -120,7 +126,7 @@ def train(cfg, model_dir: str, extra_callbacks=(), print_fn=print) -> dict:
     return summary
 
 
-def load_trained(model_dir: str, which: str = "best"):
+def load_trained(model_dir: str, which: str = "best") -> tuple[ExperimentConfig, TwoTowerModel]:
     """(config, model) of a trained ``model_dir`` with weights restored from ``checkpoints/<which>``
     (``best`` falls back to ``latest`` when no validation ran)."""
     from ce_retrieval import configs, modeling

@@ -2,7 +2,7 @@
 rises well above chance), and the script's command line runs it."""
 
 import pytest
-import tensorflow as tf
+import tf_keras
 from bench_loader import load_benchmark
 
 toy_losses = load_benchmark("toy_losses")
@@ -24,7 +24,7 @@ FAMILY = [
 def test_training_improves_recall_at_1(name):
     if name == "CrossExampleNegativeMining":
         # Mixed precision end to end: S arrives as float16, the loss computes in float32.
-        tf.keras.mixed_precision.set_global_policy("mixed_float16")
+        tf_keras.mixed_precision.set_global_policy("mixed_float16")
     config = toy_losses.ToyConfig(steps=40, batch_size=32, learning_rate=1e-2, seed=0)  # chance = 1/16
     result = toy_losses.train_and_evaluate(name, config)
     assert result["recall_at_1_before"] < 0.15

@@ -7,6 +7,7 @@ dense -> L2) learn to match them in a few epochs.
 
 import numpy as np
 import tensorflow as tf
+import tf_keras
 
 from ce_retrieval.data.schema import RetrievalSplit
 
@@ -42,12 +43,12 @@ def make_split(num_images=16, captions_per_image=2, seed=0, name="test") -> Retr
     return RetrievalSplit(captions, np.array(caption_ids), images, np.array(image_ids), name=name)
 
 
-class TextStandIn(tf.keras.Model):
+class TextStandIn(tf_keras.Model):
     def __init__(self, dim=8, buckets=512):
         super().__init__()
         self.buckets = buckets
         self.table = self.add_weight(name="table", shape=(buckets, 16), initializer="random_normal")
-        self.proj = tf.keras.layers.Dense(dim, use_bias=False)
+        self.proj = tf_keras.layers.Dense(dim, use_bias=False)
 
     def call(self, captions, training=False):
         words = tf.strings.split(tf.strings.lower(captions))
@@ -58,11 +59,11 @@ class TextStandIn(tf.keras.Model):
         return tf.math.l2_normalize(self.proj(mean), axis=-1)
 
 
-class ImageStandIn(tf.keras.Model):
+class ImageStandIn(tf_keras.Model):
     def __init__(self, dim=8):
         super().__init__()
-        self.hidden = tf.keras.layers.Dense(16, activation="relu")
-        self.proj = tf.keras.layers.Dense(dim, use_bias=False)
+        self.hidden = tf_keras.layers.Dense(16, activation="relu")
+        self.proj = tf_keras.layers.Dense(dim, use_bias=False)
 
     def call(self, images, training=False):
         pixels = tf.map_fn(
@@ -73,7 +74,7 @@ class ImageStandIn(tf.keras.Model):
         return tf.math.l2_normalize(self.proj(self.hidden(tf.reduce_mean(pixels, [1, 2]))), axis=-1)
 
 
-class TwoTowerStandIn(tf.keras.Model):
+class TwoTowerStandIn(tf_keras.Model):
     """In-batch softmax over both directions (targets spread over captions of the same image)."""
 
     def __init__(self, dim=8):

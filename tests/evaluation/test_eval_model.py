@@ -8,6 +8,7 @@ import types
 import numpy as np
 import pytest
 import tensorflow as tf
+import tf_keras
 from _eval_standins import COLOURS, TwoTowerStandIn, make_split, png, train_dataset
 
 import ce_retrieval.data
@@ -82,14 +83,14 @@ def test_callback_inside_fit_feeds_history_checkpoint_and_tensorboard(tmp_path):
     train = make_split(num_images=32, captions_per_image=4, seed=0, name="train")
     val = make_split(num_images=16, captions_per_image=2, seed=1, name="val")
     model = TwoTowerStandIn()
-    model.compile(optimizer=tf.keras.optimizers.Adam(0.05))
+    model.compile(optimizer=tf_keras.optimizers.Adam(0.05))
     data = train_dataset(train, batch_size=16)
     model(next(iter(data)))
     before = RetrievalEvaluationCallback(val)
     before.set_model(model)
     start = before.evaluate()
     callback = RetrievalEvaluationCallback(val, every_n_epochs=2, log_dir=str(tmp_path / "logs"), batch_size=8)
-    checkpoint = tf.keras.callbacks.ModelCheckpoint(
+    checkpoint = tf_keras.callbacks.ModelCheckpoint(
         str(tmp_path / "best.weights.h5"), monitor="val_pr_auc", mode="max", save_best_only=True, save_weights_only=True
     )
     history = model.fit(data, epochs=5, callbacks=[callback, checkpoint], verbose=0)
@@ -106,7 +107,7 @@ def test_callback_inside_fit_feeds_history_checkpoint_and_tensorboard(tmp_path):
 
 def test_callback_every_epoch_puts_metrics_in_history(towers):
     model, split = towers
-    model.compile(optimizer=tf.keras.optimizers.Adam(0.01))
+    model.compile(optimizer=tf_keras.optimizers.Adam(0.01))
     history = model.fit(
         train_dataset(split), epochs=2, callbacks=[RetrievalEvaluationCallback(split, pr_auc=False)], verbose=0
     )
@@ -171,7 +172,10 @@ def test_report_rejects_non_evaluation_json(tmp_path):
 
 def test_evaluate_command_with_stand_in_loaders(towers, tmp_path, monkeypatch, capsys):
     model, split = towers
-    cfg = types.SimpleNamespace(data=types.SimpleNamespace(name="synthetic", image_size=16))
+    from ce_retrieval.configs.experiment import ExperimentConfig
+    from ce_retrieval.data import DataConfig
+
+    cfg = ExperimentConfig(data=DataConfig(name="synthetic", image_size=16))  # what load_trained returns
     seen = {}
 
     def load_trained(model_dir):

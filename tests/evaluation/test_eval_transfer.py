@@ -6,11 +6,10 @@ import json
 import math
 import os
 import re
-import types
 
 import numpy as np
 import pytest
-import tensorflow as tf
+import tf_keras
 from _eval_standins import TwoTowerStandIn, make_split, train_dataset
 from PIL import Image
 
@@ -362,7 +361,10 @@ def test_evaluate_model_without_calibration_keeps_the_old_outputs(towers, tmp_pa
 
 def test_evaluate_command_calibration_split_option(towers, tmp_path, monkeypatch, capsys):
     model, _ = towers
-    cfg = types.SimpleNamespace(data=types.SimpleNamespace(name="synthetic", image_size=16))
+    from ce_retrieval.configs.experiment import ExperimentConfig
+    from ce_retrieval.data import DataConfig
+
+    cfg = ExperimentConfig(data=DataConfig(name="synthetic", image_size=16))  # what load_trained returns
     loaded = []
 
     def load_retrieval_split(data_cfg, name):
@@ -561,7 +563,7 @@ def test_callback_logs_calibration_transfer_and_spread(towers):
     assert got["threshold_spread"] == pytest.approx(spread["spread"])
     assert got["relative_threshold_spread"] == pytest.approx(spread["relative_spread"] or float("nan"), nan_ok=True)
 
-    model.compile(optimizer=tf.keras.optimizers.Adam(0.01))
+    model.compile(optimizer=tf_keras.optimizers.Adam(0.01))
     history = model.fit(
         train_dataset(split),
         epochs=1,

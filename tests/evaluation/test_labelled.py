@@ -102,7 +102,7 @@ def test_bad_input_is_named():
 
 
 def test_callback_logs_metrics_during_fit(rng):
-    import tensorflow as tf
+    import tf_keras
 
     from ce_retrieval.evaluation.labelled_callback import LabelledRetrievalCallback
     from ce_retrieval.losses import ProxyNCALoss
@@ -110,14 +110,14 @@ def test_callback_logs_metrics_during_fit(rng):
 
     y = np.arange(60) % 4
     x = (rng.normal(size=(4, 6))[y] + 0.5 * rng.normal(size=(60, 6))).astype(np.float32)
-    inputs = tf.keras.Input([6])
-    emb = tf.keras.layers.Dense(3)(inputs)
-    model = tf.keras.Model(inputs, ProxySimilarity(4)(emb))
-    model.compile(optimizer=tf.keras.optimizers.Adam(0.05), loss=ProxyNCALoss())
-    callback = LabelledRetrievalCallback(tf.keras.Model(inputs, emb), x, y, ks=(1,), every=2)
+    inputs = tf_keras.Input([6])
+    emb = tf_keras.layers.Dense(3)(inputs)
+    model = tf_keras.Model(inputs, ProxySimilarity(4)(emb))
+    model.compile(optimizer=tf_keras.optimizers.Adam(0.05), loss=ProxyNCALoss())
+    callback = LabelledRetrievalCallback(tf_keras.Model(inputs, emb), x, y, ks=(1,), every=2)
     history = model.fit(x, proxy_relevance(y, 4).numpy(), batch_size=20, epochs=4, verbose=0, callbacks=[callback])
     assert len(history.history["val_recall@1"]) == 2  # epochs 2 and 4 (History fills only logged epochs)
     expected = labelled_retrieval_metrics(
-        tf.keras.Model(inputs, emb).predict(x, verbose=0), y, ks=(1,), compute_nmi=False
+        tf_keras.Model(inputs, emb).predict(x, verbose=0), y, ks=(1,), compute_nmi=False
     )
     assert history.history["val_map@r"][-1] == pytest.approx(expected["map@r"])

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import reference as ref
 import tensorflow as tf
+import tf_keras
 
 from ce_retrieval import losses
 from ce_retrieval.losses import functional, registry
@@ -195,7 +196,7 @@ def test_config_round_trip(name, kwargs):
     for key, value in kwargs.items():
         assert config[key] == value, key
     again = cls.from_config(json.loads(json.dumps(config)))  # a JSON-safe config
-    keras = tf.keras.losses.deserialize(tf.keras.losses.serialize(loss))
+    keras = tf_keras.losses.deserialize(tf_keras.losses.serialize(loss))
     by_dict = losses.get({"class_name": cls.__name__, "config": config})
     for other in (again, keras, by_dict):
         assert type(other) is cls and other.get_config() == config
@@ -234,7 +235,7 @@ def test_npair_loss_name_is_registered():
 def test_toy_loss_registered_by_a_fixture_only(toy_loss):
     assert "ToyMeanPositiveScore" in losses.available()
     loss = losses.get("toy_mean_positive_score", weight=2.0)
-    clone = tf.keras.losses.deserialize(tf.keras.losses.serialize(loss))
+    clone = tf_keras.losses.deserialize(tf_keras.losses.serialize(loss))
     assert type(clone) is toy_loss and clone.get_config() == {
         "name": "toy_mean_positive_score",
         "bidirectional": False,
@@ -249,7 +250,7 @@ def test_toy_loss_registered_by_a_fixture_only(toy_loss):
 
 def test_toy_loss_is_gone_after_its_test():
     assert "ToyMeanPositiveScore" not in losses.available()
-    assert "ce_retrieval>ToyMeanPositiveScore" not in tf.keras.utils.get_custom_objects()
+    assert "ce_retrieval>ToyMeanPositiveScore" not in tf_keras.utils.get_custom_objects()
 
 
 @pytest.mark.parametrize("name", sorted(CLASSES))

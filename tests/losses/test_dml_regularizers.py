@@ -4,6 +4,7 @@ serialisation and mixed precision."""
 import numpy as np
 import pytest
 import tensorflow as tf
+import tf_keras
 
 from ce_retrieval.losses import DivergenceLoss, SphericalEmbeddingConstraint
 
@@ -12,9 +13,9 @@ def test_sec_as_activity_regularizer_adds_weighted_norm_variance():
     rng = np.random.default_rng(0)
     x = rng.normal(size=(6, 4)).astype(np.float32)
     w = rng.normal(size=(4, 3)).astype(np.float32)
-    inputs = tf.keras.Input((4,))
-    raw = tf.keras.layers.Dense(3, use_bias=False, activity_regularizer=SphericalEmbeddingConstraint(0.1))(inputs)
-    model = tf.keras.Model(inputs, tf.math.l2_normalize(raw, axis=-1))
+    inputs = tf_keras.Input((4,))
+    raw = tf_keras.layers.Dense(3, use_bias=False, activity_regularizer=SphericalEmbeddingConstraint(0.1))(inputs)
+    model = tf_keras.Model(inputs, tf.math.l2_normalize(raw, axis=-1))
     model.layers[1].set_weights([w])
     model(x)
     norms = np.linalg.norm(x @ w, axis=1)
@@ -30,7 +31,7 @@ def test_sec_as_activity_regularizer_adds_weighted_norm_variance():
 
 def test_sec_serialises_and_handles_mixed_precision():
     reg = SphericalEmbeddingConstraint(0.25)
-    clone = tf.keras.regularizers.deserialize(tf.keras.regularizers.serialize(reg))
+    clone = tf_keras.regularizers.deserialize(tf_keras.regularizers.serialize(reg))
     assert isinstance(clone, SphericalEmbeddingConstraint) and clone.weight == 0.25
     x = np.random.default_rng(1).normal(size=(5, 3)).astype(np.float16)
     value = reg(tf.constant(x))
@@ -59,8 +60,8 @@ def test_divergence_loss_value_and_keras_composition():
     )
     np.testing.assert_allclose(float(layer.losses[0]), 0.5 * want, rtol=1e-5)
     # stacked [B, K, D] input, float16, inside a functional model
-    inputs = tf.keras.Input((3, 3), dtype=tf.float16)
-    model = tf.keras.Model(inputs, DivergenceLoss(weight=1.0)(inputs))
+    inputs = tf_keras.Input((3, 3), dtype=tf.float16)
+    model = tf_keras.Model(inputs, DivergenceLoss(weight=1.0)(inputs))
     model(np.stack(heads, axis=1).astype(np.float16))
     np.testing.assert_allclose(float(model.losses[0]), want, rtol=2e-3)
     clone = DivergenceLoss.from_config(layer.get_config())

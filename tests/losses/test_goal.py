@@ -20,6 +20,7 @@ import textwrap
 import numpy as np
 import pytest
 import tensorflow as tf
+import tf_keras
 
 from ce_retrieval.losses import GradientObjective, relevance_from_ids
 from ce_retrieval.losses.goal import PAIR_WEIGHTS, TRIPLET_WEIGHTS, goal_gradient
@@ -321,13 +322,13 @@ def test_jit_matches_eager():
 # ---------------------------------------------------------------- two-tower model and Keras
 def _two_tower(d_image=6, d_text=5, dim=4, text_rows=False):
     """Two Dense towers, L2-normalised; output S = X Y^T (goal.md) or S = Y X^T (the two-tower convention)."""
-    images, texts = tf.keras.Input((d_image,)), tf.keras.Input((d_text,))
-    normalise = tf.keras.layers.Lambda(lambda t: tf.math.l2_normalize(t, axis=1))
-    x = normalise(tf.keras.layers.Dense(dim, use_bias=False, name="image_tower")(images))
-    y = normalise(tf.keras.layers.Dense(dim, use_bias=False, name="text_tower")(texts))
+    images, texts = tf_keras.Input((d_image,)), tf_keras.Input((d_text,))
+    normalise = tf_keras.layers.Lambda(lambda t: tf.math.l2_normalize(t, axis=1))
+    x = normalise(tf_keras.layers.Dense(dim, use_bias=False, name="image_tower")(images))
+    y = normalise(tf_keras.layers.Dense(dim, use_bias=False, name="text_tower")(texts))
     pair = [y, x] if text_rows else [x, y]
-    s = tf.keras.layers.Lambda(lambda t: tf.matmul(t[0], t[1], transpose_b=True))(pair)
-    return tf.keras.Model([images, texts], s), tf.keras.Model([images, texts], [x, y])
+    s = tf_keras.layers.Lambda(lambda t: tf.matmul(t[0], t[1], transpose_b=True))(pair)
+    return tf_keras.Model([images, texts], s), tf_keras.Model([images, texts], [x, y])
 
 
 def _paired_data(n, d_image=6, d_text=5, latent=4, noise=0.1, seed=0):
@@ -376,7 +377,7 @@ def test_model_fit_under_xla():
     """model.fit with jit_compile=True (circle x sigmoid-ms is also fitted under XLA in mixed precision below)."""
     model, _ = _two_tower()
     images, texts = _paired_data(32, seed=2)
-    model.compile(tf.keras.optimizers.SGD(0.5), loss=GradientObjective("nca", "linear-ms"), jit_compile=True)
+    model.compile(tf_keras.optimizers.SGD(0.5), loss=GradientObjective("nca", "linear-ms"), jit_compile=True)
     before = [v.numpy().copy() for v in model.trainable_variables]
     history = model.fit(_dataset(images, texts, 8), epochs=1, verbose=0)
     assert np.isfinite(history.history["loss"]).all()
@@ -388,8 +389,8 @@ def test_mixed_precision_matches_float32():
     loss = GradientObjective("circle", "sigmoid-ms")
     grads = []
     for policy in ("float32", "mixed_float16"):
-        tf.keras.mixed_precision.set_global_policy(policy)
-        tf.keras.utils.set_random_seed(0)
+        tf_keras.mixed_precision.set_global_policy(policy)
+        tf_keras.utils.set_random_seed(0)
         model, _ = _two_tower()
         with tf.GradientTape() as tape:
             value = loss(tf.eye(8), model([images, texts]))
@@ -398,8 +399,8 @@ def test_mixed_precision_matches_float32():
     for g32, g16 in zip(*grads, strict=True):
         np.testing.assert_allclose(tf.cast(g16, tf.float32), g32, rtol=0.05, atol=5e-3)
     # and model.fit under XLA with a loss-scaled optimizer (the custom gradient follows the loss scale)
-    model.compile(tf.keras.optimizers.SGD(0.5), loss=loss, jit_compile=True)
-    assert isinstance(model.optimizer, tf.keras.mixed_precision.LossScaleOptimizer)
+    model.compile(tf_keras.optimizers.SGD(0.5), loss=loss, jit_compile=True)
+    assert isinstance(model.optimizer, tf_keras.mixed_precision.LossScaleOptimizer)
     history = model.fit(_dataset(*_paired_data(32, seed=4), 8), epochs=1, verbose=0)
     assert np.isfinite(history.history["loss"]).all()
 
@@ -411,6 +412,7 @@ _DISTRIBUTED = textwrap.dedent(
     import numpy as np
     import ce_retrieval
     import tensorflow as tf
+    import tf_keras
     from ce_retrieval.losses import GradientObjective
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
@@ -420,7 +422,7 @@ _DISTRIBUTED = textwrap.dedent(
     loss = GradientObjective("circle", "sigmoid-ms")
     summed = GradientObjective("circle", "sigmoid-ms", reduction="sum")
     with strategy.scope():
-        towers = [tf.keras.layers.Dense(4, use_bias=False) for _ in range(2)]
+        towers = [tf_keras.layers.Dense(4, use_bias=False) for _ in range(2)]
         towers[0].build((None, 6)); towers[1].build((None, 5))
     variables = [t.kernel for t in towers]
 
@@ -448,11 +450,11 @@ _DISTRIBUTED = textwrap.dedent(
     value = strategy.reduce("SUM", value, axis=None)
     grads = [strategy.reduce("SUM", g, axis=None) for g in grads]
     with strategy.scope():  # and model.fit on per-replica (local) similarity matrices
-        a, b = tf.keras.Input((6,)), tf.keras.Input((5,))
-        x = tf.math.l2_normalize(tf.keras.layers.Dense(4)(a), axis=1)
-        y = tf.math.l2_normalize(tf.keras.layers.Dense(4)(b), axis=1)
-        model = tf.keras.Model([a, b], tf.matmul(y, x, transpose_b=True))
-        model.compile(tf.keras.optimizers.SGD(0.1), loss=GradientObjective("nca", "sigmoid"))
+        a, b = tf_keras.Input((6,)), tf_keras.Input((5,))
+        x = tf.math.l2_normalize(tf_keras.layers.Dense(4)(a), axis=1)
+        y = tf.math.l2_normalize(tf_keras.layers.Dense(4)(b), axis=1)
+        model = tf_keras.Model([a, b], tf.matmul(y, x, transpose_b=True))
+        model.compile(tf_keras.optimizers.SGD(0.1), loss=GradientObjective("nca", "sigmoid"))
     # the global batch of 8 is split 4 + 4 along rows: y_true [8, 4] gives each replica its own identity
     data = tf.data.Dataset.from_tensor_slices((images, texts)).batch(8, drop_remainder=True)
     data = data.map(lambda a, b: ((a, b), tf.tile(tf.eye(4), [2, 1])))
@@ -497,7 +499,7 @@ def test_circle_sigmoid_ms_training_improves_recall():
     images, texts = _paired_data(640, d_image=16, d_text=12, latent=8, noise=0.2, seed=5)
     model, embed = _two_tower(d_image=16, d_text=12, dim=16)
     before = _recall_at_1(embed, images[512:], texts[512:])
-    model.compile(tf.keras.optimizers.Adam(0.01), loss=GradientObjective("circle", "sigmoid-ms"))
+    model.compile(tf_keras.optimizers.Adam(0.01), loss=GradientObjective("circle", "sigmoid-ms"))
     model.fit(_dataset(images[:512], texts[:512], 32).repeat(), steps_per_epoch=100, epochs=1, verbose=0)
     after = _recall_at_1(embed, images[512:], texts[512:])
     print(f"recall@1 {before:.3f} -> {after:.3f}")

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import reference as ref
 import tensorflow as tf
+import tf_keras
 
 from ce_retrieval.losses import (
     AdditiveMarginSoftmax,
@@ -126,14 +127,14 @@ def test_annealing_schedule_and_callback_survive_checkpoint(tmp_path):
     assert float(loss.annealing_lambda(10**6)) == pytest.approx(5.0)
 
     def model_and_data():
-        tf.keras.utils.set_random_seed(0)
-        x = tf.keras.Input((4,))
-        model = tf.keras.Model(x, tf.math.l2_normalize(tf.keras.layers.Dense(3)(x), -1) @ tf.eye(3, 8))
+        tf_keras.utils.set_random_seed(0)
+        x = tf_keras.Input((4,))
+        model = tf_keras.Model(x, tf.math.l2_normalize(tf_keras.layers.Dense(3)(x), -1) @ tf.eye(3, 8))
         data = tf.data.Dataset.from_tensors((tf.random.normal([8, 4]), tf.eye(8))).repeat(5)
         return model, data
 
     model, data = model_and_data()
-    model.compile(optimizer=tf.keras.optimizers.SGD(0.1), loss=loss)
+    model.compile(optimizer=tf_keras.optimizers.SGD(0.1), loss=loss)
     model.fit(data, epochs=1, verbose=0, callbacks=[AnnealingStepCallback()])
     # on_train_batch_begin sets step = iterations before each of the 5 batches: the last batch ran at step 4.
     assert int(loss.step) == 4 and int(model.optimizer.iterations) == 5
@@ -143,13 +144,13 @@ def test_annealing_schedule_and_callback_survive_checkpoint(tmp_path):
 
     resumed_loss = AngularSoftmax()
     model2, data2 = model_and_data()
-    model2.compile(optimizer=tf.keras.optimizers.SGD(0.1), loss=resumed_loss)
+    model2.compile(optimizer=tf_keras.optimizers.SGD(0.1), loss=resumed_loss)
     model2.optimizer.build(model2.trainable_variables)
     tf.train.Checkpoint(model=model2, optimizer=model2.optimizer).restore(path).assert_existing_objects_matched()
     model2.fit(data2.take(2), epochs=1, verbose=0, callbacks=[AnnealingStepCallback(resumed_loss)])
     assert int(resumed_loss.step) == 6  # continues from the restored iteration count (5, then 6)
     model3, _ = model_and_data()
-    model3.compile(optimizer=tf.keras.optimizers.SGD(0.1), loss=SampledSoftmax())
+    model3.compile(optimizer=tf_keras.optimizers.SGD(0.1), loss=SampledSoftmax())
     callback = AnnealingStepCallback()
     callback.set_model(model3)
     with pytest.warns(UserWarning, match="no loss with a `step`"):

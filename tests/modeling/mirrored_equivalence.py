@@ -13,6 +13,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+import tf_keras  # noqa: E402
 
 import ce_retrieval  # noqa: E402,F401
 
@@ -33,8 +34,8 @@ def build(strategy, vocab, batchnorm, run_eagerly=False):
         # Plain SGD: its update is proportional to the gradient, so a wrong replica scaling would show.
         model.compile(
             loss=SampledSoftmax(),
-            text_optimizer=tf.keras.optimizers.SGD(0.05),
-            image_optimizer=tf.keras.optimizers.SGD(0.05),
+            text_optimizer=tf_keras.optimizers.SGD(0.05),
+            image_optimizer=tf_keras.optimizers.SGD(0.05),
             run_eagerly=run_eagerly,
         )
     return model

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import tensorflow as tf
+import tf_keras
 from modeling_fixtures import make_batch, tiny_config
 
 from ce_retrieval.losses import SampledSoftmax
@@ -47,12 +48,12 @@ def test_checkpoint_round_trip_of_model_and_both_optimizers(vocab_file, tmp_path
 
 @pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
 def test_mixed_precision_step(vocab_file, policy):
-    tf.keras.mixed_precision.set_global_policy(policy)
+    tf_keras.mixed_precision.set_global_policy(policy)
     model = _model(vocab_file)
     assert model.text_core.get_layer("text_projection").compute_dtype == policy.split("_")[1]
     if policy == "mixed_float16":
-        assert isinstance(model.text_optimizer, tf.keras.mixed_precision.LossScaleOptimizer)
-        assert isinstance(model.image_optimizer, tf.keras.mixed_precision.LossScaleOptimizer)
+        assert isinstance(model.text_optimizer, tf_keras.mixed_precision.LossScaleOptimizer)
+        assert isinstance(model.image_optimizer, tf_keras.mixed_precision.LossScaleOptimizer)
     before = [w.copy() for w in model.get_weights()]
     batch = make_batch()
     out = model(batch)

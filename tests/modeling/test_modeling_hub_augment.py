@@ -7,6 +7,7 @@ import shutil
 
 import numpy as np
 import tensorflow as tf
+import tf_keras
 from modeling_fixtures import make_batch, make_images, tiny_config
 
 from ce_retrieval.modeling import ImageAugmentation, TextTowerConfig, build_text_tower, build_two_tower
@@ -18,11 +19,11 @@ def test_hub_text_tower_loads_a_local_saved_model_and_matches_the_bert_tower(voc
     bert_tower = build_text_tower(cfg.text, 16, vocab_file)
     encoder = bert_tower.core.get_layer("bert_encoder")
     inputs = {
-        k: tf.keras.Input(shape=(32,), dtype=tf.int32, name=k)
+        k: tf_keras.Input(shape=(32,), dtype=tf.int32, name=k)
         for k in ("input_word_ids", "input_mask", "input_type_ids")
     }
     outputs = encoder(inputs)
-    exported = tf.keras.Model(
+    exported = tf_keras.Model(
         inputs, {"sequence_output": outputs["sequence_output"], "pooled_output": outputs["pooled_output"]}
     )
     handle = str(tmp_path / "tiny_bert")

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import tensorflow as tf
+import tf_keras
 from modeling_fixtures import make_batch, tiny_config
 
 from ce_retrieval.losses import SampledSoftmax
@@ -23,10 +24,10 @@ def test_schedule_values_at_key_steps():
 
 def test_build_optimizers_follow_the_paper():
     text_opt, image_opt = build_optimizers(OptimizerConfig(), total_steps=25_000)
-    assert isinstance(text_opt, tf.keras.optimizers.AdamW) and isinstance(image_opt, tf.keras.optimizers.SGD)
+    assert isinstance(text_opt, tf_keras.optimizers.AdamW) and isinstance(image_opt, tf_keras.optimizers.SGD)
     # The schedules survive the optimizers' serialisation (what BackupAndRestore / SavedModel rely on).
-    text_lr = tf.keras.optimizers.schedules.deserialize(text_opt.get_config()["learning_rate"])
-    image_lr = tf.keras.optimizers.schedules.deserialize(image_opt.get_config()["learning_rate"])
+    text_lr = tf_keras.optimizers.schedules.deserialize(text_opt.get_config()["learning_rate"])
+    image_lr = tf_keras.optimizers.schedules.deserialize(image_opt.get_config()["learning_rate"])
     assert isinstance(text_lr, WarmupLinearDecay) and isinstance(image_lr, WarmupLinearDecay)
     assert float(text_lr(0)) == 0.0 and float(text_lr(1_500)) == pytest.approx(1e-4)
     assert float(image_lr(0)) == pytest.approx(3e-3) and float(image_lr(25_000)) == pytest.approx(5e-4)
@@ -38,8 +39,8 @@ def test_build_optimizers_follow_the_paper():
 
 def _compiled(vocab_file, run_eagerly=False, **cfg_overrides):
     model = build_two_tower(tiny_config(**cfg_overrides), vocab_file)
-    text_opt = tf.keras.optimizers.Adam(1e-3)
-    image_opt = tf.keras.optimizers.SGD(1e-3, momentum=0.9)
+    text_opt = tf_keras.optimizers.Adam(1e-3)
+    image_opt = tf_keras.optimizers.SGD(1e-3, momentum=0.9)
     scale = 1.0 if cfg_overrides.get("learn_logit_scale") else 20.0
     model.compile(
         loss=SampledSoftmax(scale=scale), text_optimizer=text_opt, image_optimizer=image_opt, run_eagerly=run_eagerly
@@ -70,11 +71,11 @@ def test_train_step_reduces_the_loss_and_updates_both_towers(vocab_file):
 
 def test_logit_scale_wiring(vocab_file):
     model = build_two_tower(tiny_config(), vocab_file)
-    opts = dict(text_optimizer=tf.keras.optimizers.Adam(), image_optimizer=tf.keras.optimizers.SGD())
+    opts = dict(text_optimizer=tf_keras.optimizers.Adam(), image_optimizer=tf_keras.optimizers.SGD())
     with pytest.raises(ValueError, match="logit scale mismatch"):
         model.compile(loss=SampledSoftmax(scale=10.0), **opts)
     with pytest.raises(ValueError, match="distinct"):
-        opt = tf.keras.optimizers.SGD()
+        opt = tf_keras.optimizers.SGD()
         model.compile(loss=SampledSoftmax(), text_optimizer=opt, image_optimizer=opt)
     assert float(model.logit_scale) == pytest.approx(20.0)
 
@@ -92,8 +93,8 @@ def test_xla_compiled_step_matches_the_graph_step(vocab_file):
     model = build_two_tower(tiny_config(), vocab_file)
     model.compile(
         loss=SampledSoftmax(),
-        text_optimizer=tf.keras.optimizers.SGD(0.1),
-        image_optimizer=tf.keras.optimizers.SGD(0.1),
+        text_optimizer=tf_keras.optimizers.SGD(0.1),
+        image_optimizer=tf_keras.optimizers.SGD(0.1),
         jit_compile=True,
     )
     inputs = model._prepare(make_batch(), augment=False)

@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
+import tf_keras
 
 from ce_retrieval.data.pk_sampler import pk_sample
 from ce_retrieval.losses import LMNNLoss, NCALoss, ProxyAnchorLoss, SoftTripleLoss, relevance_from_ids
@@ -29,7 +30,7 @@ make_labelled_data = _load_toy_data().make_labelled_data
 
 
 def test_proxy_similarity_is_cosine_and_float32_under_mixed_precision(rng):
-    tf.keras.mixed_precision.set_global_policy("mixed_float16")
+    tf_keras.mixed_precision.set_global_policy("mixed_float16")
     layer = ProxySimilarity(3, proxies_per_class=2)
     e = rng.normal(size=(5, 4)).astype(np.float32)
     s = layer(tf.constant(e, tf.float16))
@@ -73,16 +74,16 @@ def test_soft_triple_center_regularizer_matches_definition(rng):
 
 
 def _proxy_model(num_classes, k=1, regularizer=None):
-    inputs = tf.keras.Input([6])
-    emb = tf.keras.layers.Dense(4, kernel_initializer=tf.keras.initializers.GlorotUniform(seed=1))(inputs)
+    inputs = tf_keras.Input([6])
+    emb = tf_keras.layers.Dense(4, kernel_initializer=tf_keras.initializers.GlorotUniform(seed=1))(inputs)
     sim = ProxySimilarity(
         num_classes,
         k,
         proxy_regularizer=regularizer,
-        proxy_initializer=tf.keras.initializers.HeNormal(seed=2),
+        proxy_initializer=tf_keras.initializers.HeNormal(seed=2),
         name="proxies",
     )(emb)
-    return tf.keras.Model(inputs, sim)
+    return tf_keras.Model(inputs, sim)
 
 
 def _proxy_data(rng, num_classes, k, n=48):
@@ -94,7 +95,7 @@ def _proxy_data(rng, num_classes, k, n=48):
 def test_fit_trains_proxies_and_checkpoint_restores_them(rng, tmp_path):
     x, rel = _proxy_data(rng, 4, 1)
     model = _proxy_model(4)
-    model.compile(optimizer=tf.keras.optimizers.Adam(0.05), loss=ProxyAnchorLoss())
+    model.compile(optimizer=tf_keras.optimizers.Adam(0.05), loss=ProxyAnchorLoss())
     start = model.get_layer("proxies").proxies.numpy().copy()
     first = model.evaluate(x, rel, batch_size=16, verbose=0)
     model.fit(x, rel, batch_size=16, epochs=5, shuffle=False, verbose=0)
@@ -115,12 +116,12 @@ def test_saved_model_keeps_proxies_regulariser_and_loss(rng, tmp_path):
     c, k = 3, 2
     x, rel = _proxy_data(rng, c, k)
     model = _proxy_model(c, k, SoftTripleCenterRegularizer(c, k))
-    model.compile(optimizer=tf.keras.optimizers.Adam(0.05), loss=SoftTripleLoss(proxies_per_class=k))
+    model.compile(optimizer=tf_keras.optimizers.Adam(0.05), loss=SoftTripleLoss(proxies_per_class=k))
     model.fit(x, rel, batch_size=16, epochs=2, verbose=0)
     assert len(model.losses) == 1 and float(model.losses[0]) > 0  # the centre regulariser is trained
     path = str(tmp_path / "model.keras")
     model.save(path)
-    loaded = tf.keras.models.load_model(path)
+    loaded = tf_keras.models.load_model(path)
     np.testing.assert_array_equal(
         loaded.get_layer("proxies").proxies.numpy(), model.get_layer("proxies").proxies.numpy()
     )
@@ -164,10 +165,10 @@ def _pk_batches(x, y, steps, classes=5, per_class=4, seed=0):
 def test_linear_metric_learning_with_fit_improves_knn(loss):
     x, y = make_labelled_data(num_classes=10, per_class=24, signal_dim=3, nuisance_dim=9, seed=3)
     train = (np.arange(len(y)) % 24) < 16
-    inputs = tf.keras.Input([x.shape[1]])
+    inputs = tf_keras.Input([x.shape[1]])
     projection = MahalanobisProjection(4)
-    model = tf.keras.Model(inputs, PairwiseNegativeSquaredDistance()(projection(inputs)))
-    model.compile(optimizer=tf.keras.optimizers.Adam(0.02), loss=loss)
+    model = tf_keras.Model(inputs, PairwiseNegativeSquaredDistance()(projection(inputs)))
+    model.compile(optimizer=tf_keras.optimizers.Adam(0.02), loss=loss)
     r0 = _euclidean_recall_at_1(projection(x[~train]).numpy(), y[~train])  # identity init: Euclidean 1-NN
     model.fit(_pk_batches(x[train], y[train], 150), epochs=1, verbose=0)
     r1 = _euclidean_recall_at_1(projection(x[~train]).numpy(), y[~train])
@@ -181,10 +182,10 @@ def _euclidean_recall_at_1(z, y):
 
 
 def test_fit_in_mixed_precision_with_xla(rng):
-    tf.keras.mixed_precision.set_global_policy("mixed_float16")
+    tf_keras.mixed_precision.set_global_policy("mixed_float16")
     x, rel = _proxy_data(rng, 4, 1)
     model = _proxy_model(4)
     assert model.layers[1].compute_dtype == "float16" and model.output.dtype == tf.float32
-    model.compile(optimizer=tf.keras.optimizers.Adam(0.05), loss=ProxyAnchorLoss(), jit_compile=True)
+    model.compile(optimizer=tf_keras.optimizers.Adam(0.05), loss=ProxyAnchorLoss(), jit_compile=True)
     history = model.fit(x, rel, batch_size=16, epochs=3, verbose=0).history["loss"]
     assert np.all(np.isfinite(history)) and history[-1] < history[0]

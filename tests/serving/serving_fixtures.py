@@ -8,18 +8,19 @@ ops like the real WordPiece tower does, and the tests exercise the ``import tens
 
 import numpy as np
 import tensorflow as tf
+import tf_keras
 
 import ce_retrieval  # noqa: F401
 
 
-class HashTextEncoder(tf.keras.Model):
+class HashTextEncoder(tf_keras.Model):
     """case fold -> whitespace tokens -> hashed ids -> mean of embeddings -> dense -> L2 normalise."""
 
     def __init__(self, dim=16, buckets=257, **kw):
         super().__init__(**kw)
         self.buckets = buckets
-        self.table = tf.keras.layers.Embedding(buckets, 24)
-        self.proj = tf.keras.layers.Dense(dim)
+        self.table = tf_keras.layers.Embedding(buckets, 24)
+        self.proj = tf_keras.layers.Dense(dim)
 
     def call(self, texts, training=False):
         import tensorflow_text as tf_text
@@ -31,13 +32,13 @@ class HashTextEncoder(tf.keras.Model):
         return tf.math.l2_normalize(self.proj(pooled), axis=-1)
 
 
-class PixelImageEncoder(tf.keras.Model):
+class PixelImageEncoder(tf_keras.Model):
     """decode JPEG/PNG -> resize 8x8 -> flatten -> dense -> L2 normalise."""
 
     def __init__(self, dim=16, size=8, **kw):
         super().__init__(**kw)
         self.size = size
-        self.proj = tf.keras.layers.Dense(dim)
+        self.proj = tf_keras.layers.Dense(dim)
 
     def call(self, image_bytes, training=False):
         def decode(b):
@@ -49,7 +50,7 @@ class PixelImageEncoder(tf.keras.Model):
 
 
 def make_towers(dim=16, seed=0):
-    tf.keras.utils.set_random_seed(seed)
+    tf_keras.utils.set_random_seed(seed)
     text, image = HashTextEncoder(dim), PixelImageEncoder(dim)
     text(tf.constant(["build"]))
     image(tf.constant([png_images(1, seed=seed)[0]]))

@@ -11,6 +11,7 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
+import tf_keras
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "modeling"))  # the modeling tests' helpers
 from modeling_fixtures import VOCAB, make_batch, tiny_config  # noqa: E402
@@ -113,12 +114,12 @@ def test_the_model_refuses_a_loss_with_another_lambda(task_vocab_file):
         model.compile(loss=losses.SampledSoftmax(scale=10.0), text_optimizer=text_opt, image_optimizer=image_opt)
     with pytest.raises(TypeError, match="pass a loss instance"):
         model.compile(loss="sampled_softmax", text_optimizer=text_opt, image_optimizer=image_opt)
-    tf.keras.backend.clear_session()
+    tf_keras.backend.clear_session()
 
 
 def _poisoned(task_vocab_file, jit: bool, policy: str, on_bad_batch: str):
     """A compiled model whose text projection holds a NaN: every score of the next step is NaN."""
-    tf.keras.mixed_precision.set_global_policy(policy)
+    tf_keras.mixed_precision.set_global_policy(policy)
     cfg = _experiment("CrossExampleNegativeMining")
     cfg.train = dataclasses.replace(cfg.train, jit_compile=jit, on_bad_batch=on_bad_batch)
     model = RetrievalTask(cfg).build_compiled_model(task_vocab_file, total_steps=10)
