@@ -2,16 +2,27 @@
 
 ``from ce_retrieval.keras import CrossExampleSoftmax`` gives the Keras 3 class of the same name, arguments and
 defaults as the tf_keras one, computing through it (one implementation; see :mod:`ce_retrieval.keras.losses` for
-the conventions, the id form of ``y_true`` and the one loss left out, ``AngularSoftmax``).
+the conventions and the id form of ``y_true``; ``AngularSoftmax`` anneals with :class:`AnnealingStepCallback`).
 :class:`SimilarityMatrix` turns two embedding sets into the cosine matrix ``S`` that the losses read, so an
 ordinary two-input Keras 3 model trains with ``model.compile(loss=CrossExampleSoftmax())``. The losses need the
 TensorFlow backend; the layer runs on any backend.
 """
 
 from ce_retrieval.keras import losses
+from ce_retrieval.keras.callbacks import AnnealingStepCallback
 from ce_retrieval.keras.layers import SimilarityMatrix
 from ce_retrieval.keras.losses import EXCLUDED, LOSSES, RetrievalLoss, available, get
 
 globals().update(LOSSES)
 
-__all__ = ["EXCLUDED", "LOSSES", "RetrievalLoss", "SimilarityMatrix", "available", "get", "losses", *sorted(LOSSES)]
+__all__ = [
+    "AnnealingStepCallback",
+    "EXCLUDED",
+    "LOSSES",
+    "RetrievalLoss",
+    "SimilarityMatrix",
+    "available",
+    "get",
+    "losses",
+    *sorted(LOSSES),
+]

@@ -19,9 +19,9 @@ same for a user's own registered ``RetrievalLoss``. Only the Keras plumbing diff
 * Computation is float32 whatever the dtype policy; ``sample_weight`` is refused (mark pairs -1 instead).
 * The TensorFlow backend is required (``RuntimeError`` naming the active backend otherwise).
 
-Not exposed: ``AngularSoftmax``. Its λ is annealed by an int64 ``step`` variable that the tf_keras
-``AnnealingStepCallback`` advances from ``optimizer.iterations``; no Keras 3 callback drives it, so as a plain
-Keras 3 loss it would silently stay at ``lambda_base`` (plain softmax) forever. Every other loss works as a plain
+Every registered loss has a Keras 3 class. ``AngularSoftmax`` anneals its λ from a step variable that
+:class:`ce_retrieval.keras.callbacks.AnnealingStepCallback` keeps equal to ``optimizer.iterations`` (pass it to
+``fit``, as with the tf_keras class). Every loss works as a plain
 Keras 3 loss; the proxy losses (``ProxyNCALoss``, ``ProxyAnchorLoss``, ``SoftTripleLoss``,
 ``CentroidUpperBoundLoss``) expect ``S = cos(E, proxies)`` and the matching relevance
 (``ce_retrieval.modeling.proxies.proxy_relevance``), but the ``ProxySimilarity`` layer that owns the proxies is a
@@ -40,13 +40,8 @@ from ce_retrieval import losses as _tf_keras_losses
 from ce_retrieval.keras._backend import require_tensorflow_backend
 from ce_retrieval.losses.relevance import relevance_from_ids
 
-#: Registered losses without a Keras 3 class, with the reason.
-EXCLUDED: dict[str, str] = {
-    "AngularSoftmax": (
-        "its annealed λ needs a training-step variable advanced by the tf_keras AnnealingStepCallback; "
-        "as a plain Keras 3 loss it would never anneal"
-    ),
-}
+#: Registered losses without a Keras 3 class, with the reason (none today; kept for a user's own registered losses).
+EXCLUDED: dict[str, str] = {}
 
 #: the declared capabilities copied from the tf_keras class (docs/losses.md, "Declared capabilities")
 _CAPABILITIES = ("supports_bidirectional", "has_logit_scale", "needs_gram", "needs_proxies")

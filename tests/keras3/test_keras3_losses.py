@@ -52,15 +52,28 @@ def _variants(name):
 CASES = [(name, kwargs) for name in EXPOSED for kwargs in _variants(name)]
 
 
-def test_every_package_loss_is_exposed_or_excluded_with_a_reason():
-    assert k3.available() == EXPOSED and set(k3.EXCLUDED) == {"AngularSoftmax"}
+def test_every_package_loss_is_exposed():
+    assert k3.available() == EXPOSED == sorted(PACKAGE_LOSSES) and not k3.EXCLUDED
     for name in EXPOSED:
         cls = getattr(k3, name)
         assert issubclass(cls, keras.losses.Loss) and cls.tf_keras_class is losses.lookup(name)
         assert keras.saving.get_registered_object(f"ce_retrieval>{name}") is cls
-    with pytest.raises(ValueError, match="never anneal"):
-        k3.get("angular_softmax")
     assert type(k3.get("cross_example_softmax", scale=5.0)) is k3.CrossExampleSoftmax
+    assert type(k3.get("angular_softmax")) is k3.AngularSoftmax
+
+
+def test_angular_softmax_anneals_with_the_keras3_callback():
+    """fit advances the loss's step to optimizer.iterations, so λ decays as in the tf_keras class."""
+    rng = np.random.default_rng(0)
+    inputs = keras.Input((6,))
+    model = keras.Model(inputs, k3.SimilarityMatrix()([keras.layers.Dense(4)(inputs), inputs[:, :4]]))
+    loss = k3.AngularSoftmax(lambda_gamma=0.5)
+    model.compile(optimizer="sgd", loss=loss)
+    start = float(loss.core.annealing_lambda())
+    x, ids = rng.normal(size=(24, 6)).astype("float32"), np.arange(24)
+    model.fit(x, ids, batch_size=8, epochs=1, verbose=0, callbacks=[k3.AnnealingStepCallback()])
+    assert int(loss.core.step.numpy()) == 2  # set before each of the 3 batches: 0, 1, 2
+    assert float(loss.core.annealing_lambda()) < start
 
 
 @pytest.mark.parametrize("name", EXPOSED)
