@@ -138,6 +138,9 @@ def corpus(max_body_bytes: int = MAX_BODY_BYTES) -> list[BadRequest]:
             content_type="multipart/form-data; boundary=xx",
         ),
         BadRequest("xml body", b"<search><texts>a dog</texts></search>", content_type="application/xml"),
+        # valid JSON under a non-JSON media type (what `curl -d` sends): refused, not guessed at
+        BadRequest("valid JSON sent as a form", _j({"texts": ok}), content_type="application/x-www-form-urlencoded"),
+        BadRequest("valid JSON sent as text/plain", _j({"texts": ok}), content_type="text/plain"),
         # --- raw HTTP that a client library would not send
         BadRequest(
             "content-length larger than the limit",

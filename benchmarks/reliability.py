@@ -491,6 +491,9 @@ def part_export(work: str, kills: int, quick: bool, seed: int, model_dir: str | 
     encoders_stray = [p for p in final["stray"] if not p.startswith("index/")]
     rec.check(not encoders_stray, f"half-published encoder versions left after a new export: {encoders_stray}")
     rec.check(ok and served == max(final["servable"], default=None), f"final export does not serve: {err}")
+    rec.check(
+        not final["temps"], f"temporary folders of killed writers left after a new export and index: {final['temps']}"
+    )
     what = (
         "the CLI commands `ce-retrieval export` / `index --images test`"
         if model_dir
@@ -514,8 +517,9 @@ def part_export(work: str, kills: int, quick: bool, seed: int, model_dir: str | 
         "listed by `complete_versions` / `servable_versions`, so never loaded by the Searcher or the service, "
         "and the next export removes it "
         "(TF Serving would serve it) without reusing its number. Hidden "
-        f"`.tmp-*` folders left by the kills: {len(final['temps'])} (a SIGKILL cannot clean up; they are ignored "
-        "by every reader and by TF Serving).",
+        f"`.tmp-*` folders left after that export and index: {len(final['temps'])} (a SIGKILL cannot clean up, so "
+        "a killed writer's temporary folder stays, ignored by every reader and by TF Serving, until the next writer "
+        "of the same place removes it; the table above counts them right after each kill).",
         "",
     ]
     rec.data.update(final)

@@ -8,8 +8,8 @@
     GET  /metrics  Prometheus text: request counts, latency histogram, served version, reloads
     POST /admin/reload  look for a newer version now (the watcher also polls every ``reload_interval`` s)
 
-Robustness: the body is read in chunks and refused past ``max_body_bytes`` (413); it must be UTF-8 (400)
-JSON (400) of the documented shape (422, with the reason); each search runs in a worker thread under a
+Robustness: the body is read in chunks and refused past ``max_body_bytes`` (413); a declared Content-Type must
+be JSON (415; none is read as JSON); the body must be UTF-8 (400) JSON (400) of the documented shape (422, with the reason); each search runs in a worker thread under a
 deadline (504 when exceeded). The artefacts are loaded once per version. When a newer complete version
 (encoders + index) appears, it is loaded in the background and swapped in with one reference assignment:
 requests already running keep the searcher they started with, new ones get the new one, none is dropped.
@@ -77,6 +77,11 @@ class SearcherHolder:
             self.metrics.set("ce_gallery_size", len(new.index))
             log.info("serving version %s (%d gallery items)", version, len(new.index))
             return True
+
+
+def _is_json_media_type(media_type: str) -> bool:
+    """``application/json`` or a ``+json`` structured type; a request without a Content-Type is read as JSON."""
+    return media_type == "application/json" or (media_type.startswith("application/") and media_type.endswith("+json"))
 
 
 def _parse_search(body: bytes, searcher, limits: dict) -> dict:
@@ -236,6 +241,9 @@ def create_app(
             chunks.append(chunk)
         if searcher is None:
             return error(503, "no servable version loaded yet")
+        media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if media_type and not _is_json_media_type(media_type):
+            return error(415, f"Content-Type {media_type!r} is not supported; send application/json")
         try:
             req = _parse_search(b"".join(chunks), searcher, limits)
         except RequestError as exc:

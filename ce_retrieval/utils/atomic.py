@@ -11,7 +11,8 @@ Every artefact the library writes goes through this module:
   with one ``os.rename``.
 
 Temporary files and folders are hidden siblings of the target (same file system, so the rename is atomic; a
-leading dot keeps them out of ``glob`` patterns and TF Serving's numeric version scan). A failure removes them.
+leading dot keeps them out of ``glob`` patterns and TF Serving's numeric version scan). A failure removes them;
+folders left by a writer killed with SIGKILL are removed by the next writer of the same place.
 A written file gets the permissions a plain ``open(path, "w")`` gives (0666 less the umask), not
 ``tempfile.mkstemp``'s owner-only 0600, so a reader running as another user (TF Serving) can read it.
 """
@@ -19,8 +20,11 @@ A written file gets the permissions a plain ``open(path, "w")`` gives (0666 less
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
+import re
 import shutil
+import socket
 import uuid
 from collections.abc import Iterator
 
@@ -59,11 +63,52 @@ def atomic_write_bytes(path: str, data: bytes, *, fsync: bool = True) -> None:
 
 
 # --------------------------------------------------------------------------------------------- folders
+def _host_tag() -> str:
+    return hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]
+
+
+_TMP_DIR_NAME = re.compile(r"^\.tmp-.+-(?P<host>[0-9a-f]{8})-(?P<pid>\d+)-[0-9a-f]{8}(-old)?$")
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by another user
+        return True
+    return True
+
+
+def remove_stale_temp_dirs(parent: str) -> list[str]:
+    """Removes the hidden temporary folders under ``parent`` that a killed writer left (a SIGKILL runs no clean-up).
+
+    A folder is stale when its name says it was made on this host by a process that no longer exists. Folders
+    of live writers, of other hosts sharing the file system, and anything not named by :func:`temp_dir_for` are
+    left alone. Returns the removed paths.
+    """
+    removed = []
+    if not os.path.isdir(parent):
+        return removed
+    host = _host_tag()
+    for name in os.listdir(parent):
+        m = _TMP_DIR_NAME.match(name)
+        if m and m["host"] == host and int(m["pid"]) != os.getpid() and not _process_alive(int(m["pid"])):
+            path = os.path.join(parent, name)
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
 def temp_dir_for(final_dir: str) -> str:
-    """A fresh hidden sibling of ``final_dir`` on the same file system (so the final rename is atomic)."""
+    """A fresh hidden sibling of ``final_dir`` on the same file system (so the final rename is atomic), named
+    ``.tmp-<name>-<host>-<pid>-<random>``; leftovers of killed writers beside it are removed first
+    (:func:`remove_stale_temp_dirs`)."""
     parent = os.path.dirname(os.path.abspath(final_dir))
     os.makedirs(parent, exist_ok=True)
-    return os.path.join(parent, f"{_TMP_DIR_PREFIX}{os.path.basename(final_dir)}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    remove_stale_temp_dirs(parent)
+    base = os.path.basename(final_dir)
+    return os.path.join(parent, f"{_TMP_DIR_PREFIX}{base}-{_host_tag()}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
 
 def fsync_tree(root: str) -> None:

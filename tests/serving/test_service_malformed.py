@@ -60,6 +60,9 @@ def _by_name(outcomes, name):
         ("10,000 texts", 422, "too many texts"),
         ("k NaN", 422, "integer"),
         ("threshold NaN", 422, "finite"),
+        ("valid JSON sent as a form", 415, "application/json"),  # was a 200: the media type was not checked
+        ("valid JSON sent as text/plain", 415, "content-type"),
+        ("xml body", 415, "application/xml"),
     ],
 )
 def test_reasons_name_the_problem(outcomes, name, status, words):

@@ -59,3 +59,45 @@ def test_atomic_directory_publishes_whole_or_not_at_all(tmp_path):
     with atomic_directory(str(final), overwrite=True) as tmp:
         atomic_write_text(os.path.join(tmp, "other.json"), "{}")
     assert _listing(final) == ["other.json"] and _listing(tmp_path / "index") == ["1"]
+
+
+def test_a_killed_writers_temporary_folder_is_removed_by_the_next_writer(tmp_path):
+    # A SIGKILL runs no clean-up, so the folder a killed writer was filling stays; the next writer of the same
+    # place removes it. A live writer's folder, another host's, and names this module did not make stay.
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+
+    from ce_retrieval.utils.atomic import _host_tag, temp_dir_for
+
+    final = tmp_path / "index" / "3"
+    script = textwrap.dedent(
+        f"""
+        import os, sys, time
+        from ce_retrieval.utils.atomic import atomic_directory
+        with atomic_directory({str(final)!r}) as tmp:
+            open(os.path.join(tmp, "embeddings.npy"), "wb").write(b"half")
+            print(tmp, flush=True)
+            time.sleep(60)
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    killed_tmp = proc.stdout.readline().strip()
+    live = temp_dir_for(str(tmp_path / "index" / "4"))  # ours: this process is alive
+    os.makedirs(live)
+    other_host = tmp_path / "index" / f".tmp-5-{'0' * 8 if _host_tag() != '0' * 8 else '1' * 8}-1-abcdef12"
+    other_host.mkdir()
+    unrelated = tmp_path / "index" / ".tmp-notes"
+    unrelated.mkdir()
+    assert os.path.isdir(killed_tmp)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert os.path.isdir(killed_tmp) and not final.exists()
+    with atomic_directory(str(final)) as tmp:
+        open(os.path.join(tmp, "embeddings.npy"), "wb").write(b"whole")
+    assert not os.path.exists(killed_tmp)
+    assert sorted(os.listdir(tmp_path / "index")) == sorted(
+        ["3", os.path.basename(live), other_host.name, ".tmp-notes"]
+    )
+    assert (final / "embeddings.npy").read_bytes() == b"whole"
