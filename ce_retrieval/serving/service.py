@@ -10,8 +10,9 @@
 
 Robustness: the body is read in chunks and refused past ``max_body_bytes`` (413); a declared Content-Type must
 be JSON (415; none is read as JSON); the body must be UTF-8 (400) JSON (400) of the documented shape (422, with
-the reason); each search runs in a worker thread under a deadline (504 when exceeded). The artefacts are loaded once per version. When a newer complete version
-(encoders + index) appears, it is loaded in the background and swapped in with one reference assignment:
+the reason); each search runs in a worker thread under a deadline (504 when exceeded). The artefacts are loaded
+once per version. When a newer complete version (encoders + index) appears, it is loaded in the background and
+swapped in with one reference assignment:
 requests already running keep the searcher they started with, new ones get the new one, none is dropped.
 """
 
