@@ -37,7 +37,9 @@ stopped, and evaluation batches never advance it. Custom training loops call
 Functional core (``ce_retrieval.losses.functional``): :func:`large_margin_softmax`, :func:`angular_softmax`
 (with the annealed ``lambda_`` given as a number or tensor), :func:`additive_margin_softmax`,
 :func:`arc_margin_softmax`, each ``fn(relevance, scores, margin=..., scale=20, cross_example=False)``.
-As for the rest of the softmax family, each logit is one entry ``s_ij``: ``needs_gram`` is false.
+As for the rest of the softmax family, each logit is one entry ``s_ij``: ``needs_gram`` is false, and
+``loss.from_embeddings(Q, D, query_ids, doc_ids)`` runs the exact column-tiled path (``tiled.py``) at any batch
+size, with ``positive_cosine`` as its margin.
 """
 
 from __future__ import annotations

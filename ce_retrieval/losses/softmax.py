@@ -82,7 +82,6 @@ class SampledSoftmax(SoftmaxFamilyLoss):
     """
 
     function = sampled_softmax
-    supports_tiled = True
 
     def __init__(self, scale: float = 20.0, bidirectional: bool = False, name: str | None = None, **kwargs):
         super().__init__(scale=scale, cross_example=False, bidirectional=bidirectional, name=name, **kwargs)
@@ -93,7 +92,6 @@ class _NegativeMiningSoftmax(SoftmaxFamilyLoss):
 
     cross_example = False
     default_negative_fraction = DEFAULT_NEGATIVE_FRACTION
-    supports_tiled = True
 
     def __init__(
         self,
@@ -140,7 +138,6 @@ class CrossExampleSoftmax(SoftmaxFamilyLoss):
     """
 
     function = cross_example_softmax
-    supports_tiled = True
 
     def __init__(self, scale: float = 20.0, bidirectional: bool = False, name: str | None = None, **kwargs):
         super().__init__(scale=scale, cross_example=True, bidirectional=bidirectional, name=name, **kwargs)

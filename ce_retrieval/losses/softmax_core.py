@@ -23,7 +23,7 @@ A row (or batch) without negatives has Z = 0: its positive pairs contribute 0 (l
 
 :func:`softmax_loss` is the whole pipeline as a function (the functional core of every class of the family);
 ``positive_cosine`` is the margin of step 1 (``None``: no margin). :meth:`SoftmaxFamilyLoss.from_embeddings` runs
-the same loss from embeddings and ids, tiled (``tiled.py``) at large ``N·M`` for the classes without a margin.
+the same loss from embeddings and ids, tiled (``tiled.py``) at large ``N·M``, margins included.
 """
 
 from __future__ import annotations
@@ -161,8 +161,10 @@ class SoftmaxFamilyLoss(RetrievalLoss):
 
     #: default ``negative_fraction`` when neither it nor ``top_k`` is given (``None``: no mining).
     default_negative_fraction: float | None = None
-    #: ``from_embeddings`` may run the tiled path (``tiled.py``; no margins): the four classes of ``softmax.py``.
-    supports_tiled: bool = False
+    #: ``from_embeddings`` may run the tiled path (``tiled.py``): every class of ``softmax.py`` and
+    #: ``margin_softmax.py`` (a margin class's ``positive_cosine`` is the tiled path's margin). A subclass whose
+    #: loss is not the pipeline's sets it to False, which refuses ``tile_size``.
+    supports_tiled: bool = True
 
     def __init__(
         self,
@@ -233,6 +235,7 @@ class SoftmaxFamilyLoss(RetrievalLoss):
                 self.top_k,
                 tile_size=self.tile_size,
                 ignore_negative_ids=ignore_negative_ids,
+                positive_cosine=getattr(self, "positive_cosine", None),
                 owner=self.name,
             )
 

@@ -4,11 +4,13 @@ With logits ``l = λ·Q Dᵀ`` (``Q [N, d]`` queries, ``D [M, d]`` documents, em
 first for cosine logits) and relevance from ids (``R_ij = 1`` iff ``query_ids[i] == doc_ids[j]``, else 0; with
 ``ignore_negative_ids`` a pair with a negative id on either side is ignored, ``R_ij = -1``)::
 
-    loss = 1/|P| sum_{(i,j) in P} softplus(log Z_i - l_ij),   log Z_i = log sum_{s in Neg} w_s e^{s}
+    loss = 1/|P| sum_{(i,j) in P} softplus(log Z_i - p_ij),   log Z_i = log sum_{s in Neg} w_s e^{s}
 
-exactly as :func:`softmax_core.softmax_loss` on ``S = Q Dᵀ``: ``Neg`` is row i's negatives (sampled, eq. 2) or all
-negatives of the batch (cross-example, eq. 5); ``w = 1``, or with mining the top-k weights (1 above the k-th
-largest negative t, ``(k - #{> t}) / #{== t}`` at t, 0 below; eqs. 3 and 6).
+with ``p_ij = l_ij``, or ``λ ψ(l_ij / λ)`` for the margin softmaxes (``margin_softmax.py``: ψ = L-Softmax's psi,
+A-Softmax, CosFace, ArcFace; margins touch positives only), exactly as :func:`softmax_core.softmax_loss` on
+``S = Q Dᵀ``: ``Neg`` is row i's negatives (sampled, eq. 2) or all negatives of the batch (cross-example, eq. 5);
+``w = 1``, or with mining the top-k weights (1 above the k-th largest negative t, ``(k - #{> t}) / #{== t}`` at t,
+0 below; eqs. 3 and 6).
 
 How, with ``D`` cut into ``ceil(M / T)`` column tiles of ``T = tile_size`` documents (each tile's logits
 ``[N, T]`` recomputed by one matmul in every pass, a ``tf.while_loop`` over tiles):
@@ -21,9 +23,10 @@ How, with ``D`` cut into ``ceil(M / T)`` column tiles of ``T = tile_size`` docum
    bin; counts are int64 for the batch (``N·M`` may exceed 2^31). Exact with ties: the tie weight above.
 3. *forward*: streaming log-sum-exp per row, a running max ``m_i`` and sum ``z_i`` rescaled tile by tile
    (``z ← z e^{m - m'} + sum_tile w e^{l - m'}``); cross-example combines the rows' ``(m_i, z_i)`` at the end.
-4. *backward* (``tf.custom_gradient``, nothing ``[N, M]`` saved, only ``log Z``): with ``r_ij = σ(log Z_i - l_ij)
-   / |P|`` on the positives, ``dL/dl_ij = -r_ij`` there, ``g_i = sum_j r_ij`` (cross-example: ``g = sum r``),
-   and on the negatives ``dL/dl_ij = g_i w_ij e^{l_ij - log Z_i}`` (the softmax weight from the saved log Z),
+4. *backward* (``tf.custom_gradient``, nothing ``[N, M]`` saved, only ``log Z``): with ``r_ij = σ(log Z_i - p_ij)
+   / |P|`` on the positives, ``dL/dl_ij = -r_ij ψ'(l_ij / λ)`` there (``-r_ij`` without a margin),
+   ``g_i = sum_j r_ij`` (cross-example: ``g = sum r``), and on the negatives
+   ``dL/dl_ij = g_i w_ij e^{l_ij - log Z_i}`` (the softmax weight from the saved log Z),
    recomputed per tile: ``dQ += λ dL_t D_t``, ``dD_t = λ dL_tᵀ Q``.
 
 Cost: one logits pass forward, one backward (plus 2 passes for cross-example mining, 3 per-row), each a ``[N, d] x
@@ -78,6 +81,7 @@ def tiled_softmax_loss(
     top_k: int | None = None,
     tile_size: int | None = None,
     ignore_negative_ids: bool = False,
+    positive_cosine=None,
     owner: str = "tiled_softmax_loss",
 ) -> tf.Tensor:
     """The softmax-family loss of ``λ·Q Dᵀ`` with relevance from ids, over column tiles (module docstring).
@@ -91,6 +95,8 @@ def tiled_softmax_loss(
       negative_fraction, top_k: mining (eqs. 3 and 6), at most one; ``None`` for both: every negative.
       tile_size: documents per tile T (``None``: :func:`default_tile_size`); any T >= 1, need not divide M.
       ignore_negative_ids: pairs with a negative query or document id are ignored (R = -1: padding).
+      positive_cosine: the margin of the margin softmaxes, an element-wise ``c -> ψ(c)`` applied to the positive
+        pairs' similarities ``c = q·d`` before ``scale`` (``margin_softmax.py``); ``None``: no margin.
       owner: the name in error messages.
 
     Returns:
@@ -130,6 +136,8 @@ def tiled_softmax_loss(
         negative_fraction,
         top_k,
         bool(ignore_negative_ids),
+        scale,
+        positive_cosine,
     )
     # λ folded into Q once, so every pass computes a logit by the same matmul (identical bits: exact mining).
     return problem.loss(scale * tf.cast(query_emb, tf.float32), tf.cast(doc_emb, tf.float32))
@@ -138,8 +146,11 @@ def tiled_softmax_loss(
 class _Problem:
     """The ids, tiling and hyper-parameters of one call; :meth:`loss` is the custom-gradient op."""
 
-    def __init__(self, query_ids, doc_ids, tile, cross_example, negative_fraction, top_k, ignore_negative_ids):
+    def __init__(
+        self, query_ids, doc_ids, tile, cross_example, negative_fraction, top_k, ignore_negative_ids, scale, margin
+    ):
         self.query_ids, self.doc_ids, self.tile = query_ids, doc_ids, tile
+        self.scale, self.margin = scale, margin
         self.cross_example, self.negative_fraction, self.top_k = cross_example, negative_fraction, top_k
         self.num_queries = tf.size(query_ids)
         self.num_docs = tf.size(doc_ids)
@@ -278,12 +289,24 @@ class _Problem:
         logit = tf.reduce_sum(queries * tf.gather(docs, column), axis=1)
         return column, active, logit
 
+    def _positive_logit(self, logit):
+        """The positive pair's logit ``p = λ ψ(l / λ)`` and ``dp/dl = ψ'(l / λ)`` (``l`` itself and 1 without a
+        margin); element-wise, so the derivative is the gradient of the sum."""
+        if self.margin is None:
+            return logit, None
+        with tf.GradientTape() as tape:
+            cosine = logit / self.scale
+            tape.watch(cosine)
+            margined = self.margin(cosine)
+        return self.scale * margined, tape.gradient(margined, cosine)
+
     def _positive_sum(self, queries, docs, log_z):
-        """``sum_{(i,j) in P} softplus(log Z_i - l_ij)``, one positive slot at a time."""
+        """``sum_{(i,j) in P} softplus(log Z_i - p_ij)``, one positive slot at a time."""
 
         def body(k, total):
             _, active, logit = self._slot(queries, docs, k)
-            return k + 1, total + tf.reduce_sum(tf.where(active, tf.math.softplus(log_z - logit), 0.0))
+            positive, _ = self._positive_logit(logit)
+            return k + 1, total + tf.reduce_sum(tf.where(active, tf.math.softplus(log_z - positive), 0.0))
 
         return tf.while_loop(lambda k, _: k < self.num_slots, body, (tf.constant(0), tf.constant(0.0)))[1]
 
@@ -310,9 +333,11 @@ class _Problem:
 
         def positive(k, g, d_queries, d_docs):
             column, active, logit = self._slot(queries, docs, k)
-            r = tf.where(active, tf.math.sigmoid(log_z - logit), 0.0) * upstream
-            d_queries -= r[:, None] * tf.gather(docs, column)
-            d_docs = tf.tensor_scatter_nd_add(d_docs, column[:, None], -r[:, None] * queries)
+            positive, slope = self._positive_logit(logit)
+            r = tf.where(active, tf.math.sigmoid(log_z - positive), 0.0) * upstream  # -dL/dp = dL/dlog Z share
+            d_logit = r if slope is None else r * slope  # -dL/dl = r dp/dl
+            d_queries -= d_logit[:, None] * tf.gather(docs, column)
+            d_docs = tf.tensor_scatter_nd_add(d_docs, column[:, None], -d_logit[:, None] * queries)
             return k + 1, g + r, d_queries, d_docs
 
         zeros_q, zeros_d = tf.zeros_like(queries), tf.zeros_like(docs)

@@ -235,11 +235,108 @@ def test_class_api_from_embeddings():
         assert_close(loss.from_embeddings(q, d, qid, did), want)
         assert_close(cls(scale=5.0, **kwargs).from_embeddings(q, d, qid, did), want)  # small: dense path
         assert_close(loss(relevance, scores), want)  # the Keras call on S is unchanged
-    with pytest.raises(ValueError, match="tile_size is not supported"):
-        losses.ArcMarginSoftmax(tile_size=4)
+    assert losses.ArcMarginSoftmax(tile_size=4).get_config()["tile_size"] == 4  # margins have the tiled path too
     with pytest.raises(ValueError, match="tile_size must be a positive integer"):
         losses.SampledSoftmax(tile_size=0)
     assert functional.tiled_softmax_loss is tiled_softmax_loss
+
+
+def _np_psi(c, m):
+    """L-Softmax's psi_m(theta) = (-1)^k cos(m theta) - 2k, k = floor(m theta / pi) (float64, from the angle)."""
+    theta = np.arccos(np.clip(c, -1.0, 1.0))
+    k = np.clip(np.floor(m * theta / np.pi), 0, m - 1)
+    return (-1.0) ** k * np.cos(m * theta) - 2.0 * k
+
+
+#: Each margin class with NumPy's margined cosine psi(c) of a positive pair (float64, written from the papers).
+MARGINS = {
+    "l_softmax": (lambda: losses.LargeMarginSoftmax(margin=2), lambda c: _np_psi(c, 2)),
+    "a_softmax": (
+        lambda: losses.AngularSoftmax(margin=4, lambda_base=5.0, lambda_min=5.0),
+        lambda c: (5.0 * np.clip(c, -1, 1) + _np_psi(c, 4)) / 6.0,
+    ),
+    "cosface": (lambda: losses.AdditiveMarginSoftmax(margin=0.35), lambda c: c - 0.35),
+    "arcface": (
+        lambda: losses.ArcMarginSoftmax(margin=0.5),
+        lambda c: np.where(c > np.cos(np.pi - 0.5), np.cos(np.arccos(np.clip(c, -1, 1)) + 0.5), c - 0.5 * np.sin(0.5)),
+    ),
+}
+
+
+def margin_reference(q, d, qid, did, scale, cross_example, psi, ignore=False):
+    """float64 NumPy: softplus(log Z - scale psi(c_ij)) over positive pairs, Z over the row's or batch's negatives."""
+    cos = q.astype(np.float64) @ d.astype(np.float64).T
+    positive = qid[:, None] == did[None, :]
+    kept = (qid[:, None] >= 0) & (did[None, :] >= 0) if ignore else np.ones_like(positive)
+    positive, negative = positive & kept, ~positive & kept
+    logits = scale * cos
+
+    def log_z(values):
+        return -np.inf if values.size == 0 else np.logaddexp.reduce(values)
+
+    rows = (
+        np.full(len(q), log_z(logits[negative]))
+        if cross_example
+        else np.array([log_z(logits[i][negative[i]]) for i in range(len(q))])
+    )
+    terms = [np.logaddexp(0.0, rows[i] - scale * psi(cos[i, j])) for i, j in zip(*np.nonzero(positive), strict=True)]
+    return float(np.mean(terms))
+
+
+@pytest.mark.parametrize("cross_example", [False, True], ids=["sampled", "cross_example"])
+@pytest.mark.parametrize("name", sorted(MARGINS))
+def test_margin_softmaxes_equal_dense_path_and_reference(name, cross_example):
+    """The margin losses on the tiled path: unit embeddings (cosines), two captions per image, ignored ids, an
+    uneven tile; value and both gradients equal the dense path, the value equals NumPy's."""
+    make, psi = MARGINS[name]
+    rng = np.random.default_rng(11)
+    q = rng.normal(size=(22, 6)).astype(np.float32)
+    d = rng.normal(size=(13, 6)).astype(np.float32)
+    q /= np.linalg.norm(q, axis=1, keepdims=True)
+    d /= np.linalg.norm(d, axis=1, keepdims=True)
+    did = np.arange(13)
+    qid = np.repeat(np.arange(11), 2)  # two captions per image; images 11 and 12 are distractors
+    qid[3], did[7] = -1, -1  # ignored: a padding caption and a padding image
+    loss = make()
+    loss.scale = 8.0
+    loss.cross_example = cross_example
+    loss.tile_size = 4
+    relevance = tf.where((qid[:, None] < 0) | (did[None, :] < 0), -1.0, relevance_from_ids(qid, did))
+    tiled_value, tiled_grads = value_and_grads(
+        lambda a, b: loss.from_embeddings(a, b, qid, did, ignore_negative_ids=True), q, d
+    )
+    dense_value, dense_grads = value_and_grads(lambda a, b: loss(relevance, tf.matmul(a, b, transpose_b=True)), q, d)
+    assert_close(tiled_value, dense_value)
+    assert_close(tiled_value, margin_reference(q, d, qid, did, 8.0, cross_example, psi, ignore=True), rtol=2e-5)
+    for got, want in zip(tiled_grads, dense_grads, strict=True):
+        assert_close(got, want, atol=2e-6)
+
+
+def test_margin_softmax_tiled_under_xla_with_annealed_lambda():
+    """A-Softmax's lambda comes from its step variable at call time; compiled with XLA, as the train step runs it."""
+    rng = np.random.default_rng(12)
+    q, d = (tf.math.l2_normalize(rng.normal(size=(16, 5)).astype(np.float32), axis=1) for _ in range(2))
+    ids = np.arange(16)
+    loss = losses.AngularSoftmax(cross_example=True, tile_size=6)
+    dense_loss = losses.AngularSoftmax(cross_example=True)
+
+    @tf.function(jit_compile=True)
+    def step(a, b):
+        with tf.GradientTape() as tape:
+            tape.watch([a, b])
+            value = loss.from_embeddings(a, b, ids, ids)
+        return value, tape.gradient(value, [a, b])
+
+    for step_value in (0, 50):
+        loss.step.assign(step_value)
+        dense_loss.step.assign(step_value)
+        got_value, got_grads = step(q, d)
+        want_value, want_grads = value_and_grads(
+            lambda a, b: dense_loss(relevance_from_ids(ids, ids), tf.matmul(a, b, transpose_b=True)), q, d
+        )
+        assert_close(got_value, want_value)
+        for got, want in zip(got_grads, want_grads, strict=True):
+            assert_close(got, want, atol=2e-6)
 
 
 def test_bad_inputs_name_the_problem():
