@@ -8,6 +8,7 @@ have many exact ties at the mining threshold.
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -350,3 +351,40 @@ def test_bad_inputs_name_the_problem():
     with pytest.raises(ValueError, match="either negative_fraction or top_k"):
         tiled_softmax_loss(q, d, qid, did, negative_fraction=0.5, top_k=2)
     assert default_tile_size(65536) * 65536 <= 2**26
+
+
+@pytest.mark.parametrize(
+    "cross_example,mining", [(True, "all"), (False, "fraction"), (True, "top_k")], ids=["ces", "snm", "cenm"]
+)
+def test_no_n_by_m_tensor_in_the_compiled_program(cross_example, mining):
+    """The XLA program of value + both gradients holds no ``[N, M]`` (or ``[M, N]``) array, nor any array of half
+    N·M elements or more: the largest are the ``[N, T]`` tiles and, for per-row mining, the ``[N, 2048]`` digit
+    histograms, neither growing with M. (The dense path's program, checked the same way, has one.)"""
+    n, m, tile = 96, 8192, 16
+    q, d, qid, did = make_case(n, m, dim=8, seed=9, integer=False)
+    kwargs = MINING[mining]
+
+    def program(loss_fn):
+        @tf.function(jit_compile=True)
+        def step(a, b):
+            with tf.GradientTape() as tape:
+                tape.watch([a, b])
+                value = loss_fn(a, b)
+            return value, tape.gradient(value, [a, b])
+
+        return step.experimental_get_compiler_ir(tf.constant(q), tf.constant(d))(stage="hlo")
+
+    def shapes(hlo):
+        found = set()
+        for dims in re.findall(r"(?:f32|f16|bf16|s32|s64|u32|pred)\[([\d,]*)\]", hlo):
+            found.add(tuple(int(x) for x in dims.split(",") if x))
+        return found
+
+    tiled = shapes(
+        program(lambda a, b: tiled_softmax_loss(a, b, qid, did, 4.0, cross_example, tile_size=tile, **kwargs))
+    )
+    dense_path = shapes(program(lambda a, b: dense(a, b, qid, did, 4.0, cross_example, **kwargs)))
+    assert (n, m) in dense_path  # the check can see an [N, M] array when there is one
+    assert (n, m) not in tiled and (m, n) not in tiled
+    assert max(int(np.prod(s)) for s in tiled) < n * m // 2, sorted(tiled, key=np.prod)[-3:]
+    assert (n, tile) in tiled  # the tiles themselves
