@@ -66,4 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = argparse.ArgumentParser(prog=f"ce-retrieval {name}", description=help_text)
     module.add_arguments(sub)
     args = sub.parse_args(rest)
+    from ce_retrieval.utils.cuda_probe import probe_devices_quietly
+
+    probe_devices_quietly()  # CPU-only machines: drop TensorFlow's cuInit failure line, and only that line
     return int(module.run(args) or 0)
