@@ -1,9 +1,12 @@
-"""``ce-retrieval index --export_dir E --images SOURCE [--calibration_split S] ...``: the gallery index next to an
-export (:func:`ce_retrieval.serving.index.build_index`).
+"""``ce-retrieval index --export_dir E (--images SOURCE | --embeddings DIR) [--shards S] ...``: the gallery index
+next to an export (:func:`ce_retrieval.serving.index.build_index`, or with ``--shards S > 1``
+:func:`ce_retrieval.serving.sharded_index.build_sharded_index`, built by ``--workers`` processes).
 
 ``--images`` is a split name of the export's data config (e.g. ``test``), a folder of .jpg/.png files (integer
-file names become ids) or a TFRecord file pattern. The images are embedded with the exported image encoder;
-thresholds come from ``--thresholds_json`` or are calibrated on ``--calibration_split``.
+file names become ids) or a TFRecord file pattern; the images are embedded here with the exported image encoder.
+``--embeddings`` is the output folder of the Beam embedding pipeline (``ce_retrieval.serving.pipeline``), which
+embedded a large gallery already; it is refused unless its model fingerprint is this export version's.
+Thresholds come from ``--thresholds_json`` or are calibrated on ``--calibration_split``.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from ce_retrieval.configs import from_dict
 from ce_retrieval.evaluation.ann import IndexParams
 from ce_retrieval.serving import layout
 from ce_retrieval.serving.index import BRUTE_FORCE_BELOW, build_index
+from ce_retrieval.serving.sharded_index import build_sharded_index
 
 __all__ = ["add_arguments", "run"]
 
@@ -69,11 +73,16 @@ def _data_config(meta: dict):
 
 def add_arguments(parser) -> None:
     parser.add_argument("--export_dir", required=True)
-    parser.add_argument(
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument(
         "--images",
-        required=True,
         help="gallery: a split name of the export's data config (e.g. test), a folder of "
         ".jpg/.png files (integer file names become ids) or a TFRecord file pattern",
+    )
+    source.add_argument(
+        "--embeddings",
+        help="gallery: an output folder of the Beam embedding pipeline (embeddings of this export version's "
+        "image encoder, with ids and a manifest)",
     )
     parser.add_argument("--version", type=int, default=None, help="export version (default: newest complete)")
     parser.add_argument(
@@ -94,42 +103,83 @@ def add_arguments(parser) -> None:
     parser.add_argument("--num_leaves", type=int, default=None)
     parser.add_argument("--leaves_to_search", type=int, default=None)
     parser.add_argument("--batch_size", type=int, default=256)
+    parser.add_argument(
+        "--shards", type=int, default=1, help="split the index into S shards (default 1: one index folder)"
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="with --shards S > 1: processes building shards in parallel (default min(S, CPUs); 1 = in this process)",
+    )
     parser.add_argument("--overwrite", action="store_true")
+
+
+def _pipeline_gallery(path: str, meta: dict, version: int) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Embeddings, ids and provenance of a Beam pipeline output folder, refused unless this model made them."""
+    from ce_retrieval.serving.pipeline import load_embedded_gallery  # lazy: Beam only for this source
+
+    embeddings, ids, manifest = load_embedded_gallery(path, verify=True)
+    # the export fingerprint (both towers) under "model" or "export", else the image tower's own
+    made_by = manifest.get("model") or manifest.get("export") or {}
+    if made_by.get("fingerprint") is not None:
+        recorded, expected = made_by["fingerprint"], meta.get("fingerprint")
+    else:
+        recorded, expected = made_by.get("image_fingerprint"), meta.get("image_fingerprint")
+    if recorded is None or recorded != expected:
+        raise SystemExit(
+            f"error: {path} was embedded by model fingerprint {str(recorded)[:12]}, but export version "
+            f"{version}'s image encoder is {str(expected)[:12]}; re-run the embedding pipeline (embed-gallery) "
+            "with this export version"
+        )
+    corrupt = (manifest.get("corrupt") or {}).get("count")
+    return embeddings, ids, {"source": path, "embedded_gallery": {"export": made_by, "corrupt": corrupt}}
 
 
 def run(args) -> int:
     from ce_retrieval.serving.export import IMAGE_INPUT, TEXT_INPUT, load_signature
 
+    if args.shards < 1:
+        raise SystemExit(f"error: --shards must be >= 1, got {args.shards}")
+    if args.workers is not None and args.workers < 1:
+        raise SystemExit(f"error: --workers must be >= 1, got {args.workers}")
     export_dir = os.path.abspath(args.export_dir)
     complete = layout.complete_versions(export_dir)
     version = args.version if args.version is not None else (complete[-1] if complete else None)
     if version is None or version not in complete:
         raise SystemExit(f"error: no complete export version {version if version else ''} in {export_dir}")
     meta = layout.export_metadata(export_dir, layout.IMAGE_ENCODER, version)
-    _, image_fn = load_signature(layout.version_dir(export_dir, layout.IMAGE_ENCODER, version))
-    info: dict = {"source": args.images}
-    if os.path.isdir(args.images):
-        images, ids, names = _image_files(args.images)
-        if not all(os.path.splitext(f)[0].isdigit() for f in names):
-            info["names"] = names  # row i of the folder listing has id i
-    elif glob.glob(args.images):
-        images, ids = _tfrecord_images(args.images)
+    image_dir = layout.version_dir(export_dir, layout.IMAGE_ENCODER, version)
+    image_fn = None
+    if args.embeddings is not None:
+        embeddings, ids, info = _pipeline_gallery(args.embeddings, meta, version)
     else:
-        from ce_retrieval.data import load_retrieval_split
+        _, image_fn = load_signature(image_dir)
+        info = {"source": args.images}
+        if os.path.isdir(args.images):
+            images, ids, names = _image_files(args.images)
+            if not all(os.path.splitext(f)[0].isdigit() for f in names):
+                info["names"] = names  # row i of the folder listing has id i
+        elif glob.glob(args.images):
+            images, ids = _tfrecord_images(args.images)
+        else:
+            from ce_retrieval.data import load_retrieval_split
 
-        split = load_retrieval_split(_data_config(meta), args.images)
-        images, ids = list(split.images), split.image_ids
+            split = load_retrieval_split(_data_config(meta), args.images)
+            images, ids = list(split.images), split.image_ids
+        embeddings = _embed_batches(image_fn, IMAGE_INPUT, list(images), args.batch_size)
     if args.distractors:
         from ce_retrieval.data.synthetic import distractor_images
 
+        if image_fn is None:
+            _, image_fn = load_signature(image_dir)
         cfg = _data_config(meta)
         extra = distractor_images(
             args.distractors, seed=getattr(cfg, "seed", 0) + 7919, image_size=getattr(cfg, "image_size", 64)
         )
-        images = list(images) + list(extra)
+        embeddings = np.concatenate([embeddings, _embed_batches(image_fn, IMAGE_INPUT, list(extra), args.batch_size)])
         ids = np.concatenate([np.asarray(ids, dtype=np.int64), -np.arange(1, len(extra) + 1)])
         info["distractors"] = len(extra)
-    embeddings = _embed_batches(image_fn, IMAGE_INPUT, list(images), args.batch_size)
 
     thresholds, queries = None, None
     if args.thresholds_json:
@@ -142,6 +192,8 @@ def run(args) -> int:
         from ce_retrieval.data import load_retrieval_split
         from ce_retrieval.evaluation.calibration import global_pr_auc
 
+        if image_fn is None:
+            _, image_fn = load_signature(image_dir)
         _, text_fn = load_signature(layout.version_dir(export_dir, layout.TEXT_ENCODER, version))
         cal = load_retrieval_split(_data_config(meta), args.calibration_split)
         queries = _embed_batches(text_fn, TEXT_INPUT, list(cal.captions), args.batch_size)
@@ -150,11 +202,7 @@ def run(args) -> int:
             thresholds = global_pr_auc(queries, cal_docs, cal.caption_ids, cal.image_ids)["threshold_at_precision"]
         info["calibration_split"] = args.calibration_split
     params = IndexParams(num_leaves=args.num_leaves, leaves_to_search=args.leaves_to_search)
-    manifest = build_index(
-        embeddings,
-        ids,
-        export_dir,
-        version,
+    common = dict(
         thresholds=thresholds,
         queries=queries,
         target_recall=args.target_recall,
@@ -163,10 +211,21 @@ def run(args) -> int:
         overwrite=args.overwrite,
         gallery_info=info,
     )
+    if args.shards > 1:
+        manifest = build_sharded_index(
+            embeddings, ids, export_dir, version, num_shards=args.shards, workers=args.workers, **common
+        )
+        kinds = sorted({s["kind"] for s in manifest["shards"]})
+        layout_text = f"{manifest['num_shards']} shards ({', '.join(kinds)})"
+        ok = manifest["ann"]["meets_target"] and manifest["ann"]["all_shards_meet_target"]
+    else:
+        manifest = build_index(embeddings, ids, export_dir, version, **common)
+        layout_text = manifest["kind"]
+        ok = manifest["ann"]["meets_target"]
     ann = manifest["ann"]
     print(
-        f"index version {version}: {manifest['num_items']} items, {manifest['kind']}, "
+        f"index version {version}: {manifest['num_items']} items, {layout_text}, "
         f"recall@10 {ann['recall_at_10']:.4f} (target {ann['target']}), built in {manifest['build_seconds']} s"
     )
     print(f"thresholds (score at precision): {manifest['thresholds']['threshold_at_precision']}")
-    return 0 if ann["meets_target"] else 1
+    return 0 if ok else 1

@@ -1,8 +1,12 @@
 """``ce-retrieval serve --export_dir E [--host H] [--port P] ...``: the HTTP JSON retrieval service
-(:func:`ce_retrieval.serving.service.create_app`) run by uvicorn until interrupted."""
+(:func:`ce_retrieval.serving.service.create_app`) run by uvicorn until interrupted.
+
+With ``--shard_urls URL0,URL1,...`` it is a router in front of shard servers (``ce-retrieval serve-shard``, URL i
+serving shard i): the text encoder runs here, each search fans out to the shards under ``--shard_timeout_s``."""
 
 from __future__ import annotations
 
+import argparse
 import logging
 
 __all__ = ["add_arguments", "run"]
@@ -21,6 +25,26 @@ def add_arguments(parser) -> None:
     parser.add_argument("--max_results", type=int, default=1000, help="cap on threshold hits per text")
     parser.add_argument("--max_body_bytes", type=int, default=1 << 20)
     parser.add_argument("--max_concurrency", type=int, default=8, help="searches running at once")
+    parser.add_argument(
+        "--shard_urls",
+        type=_urls,
+        default=None,
+        metavar="URL[,URL...]",
+        help="router mode: base URLs of the shard servers, in shard order (URL i serves shard i)",
+    )
+    parser.add_argument(
+        "--shard_timeout_s",
+        type=float,
+        default=1.0,
+        help="router mode: deadline of each shard's answer; later ones make the response partial (< --timeout)",
+    )
+
+
+def _urls(text: str) -> list[str]:
+    urls = [u.strip() for u in text.split(",") if u.strip()]
+    if not urls:
+        raise argparse.ArgumentTypeError("give at least one shard URL (comma-separated)")
+    return urls
 
 
 def run(args) -> int:
@@ -38,6 +62,8 @@ def run(args) -> int:
         timeout_s=args.timeout,
         reload_interval_s=args.reload_interval,
         max_concurrency=args.max_concurrency,
+        shard_urls=args.shard_urls,
+        shard_timeout_s=args.shard_timeout_s,
     )
     uvicorn.run(app, host=args.host, port=args.port, log_level="info", timeout_graceful_shutdown=30)
     return 0

@@ -5,10 +5,16 @@
     gallery.py     a loaded index: top-k (ScaNN or exact) and exact threshold search; model binding checks
     partitions.py  ball-bounded k-means leaves that make threshold search exact yet prunable
     searcher.py    text -> image search over one export version (``Searcher``)
-    service.py     FastAPI/uvicorn HTTP JSON service with validation, metrics and hot reload (``create_app``)
+    service.py     FastAPI/uvicorn HTTP JSON service with validation, metrics and hot reload (``create_app``);
+                   with ``shard_urls`` a router in front of shard servers
+    sharded_index.py  a gallery split into S ordinary index folders, built in parallel (``build_sharded_index``)
+    merge.py       exact merge of shards' top-k and threshold answers
+    shard_server.py  one shard behind HTTP for a router (``create_shard_app``);  router.py  fan-out with deadlines
+    pipeline.py    gallery embedding on Apache Beam into checksummed shards (``embed_gallery``)
     metrics.py     Prometheus text-format request metrics;  layout.py  folder layout of an export
 
-The ``export``, ``index``, ``query`` and ``serve`` commands are in :mod:`ce_retrieval.cli`.
+The ``export``, ``index``, ``embed-gallery``, ``query``, ``serve`` and ``serve-shard`` commands are in
+:mod:`ce_retrieval.cli`.
 """
 
 from ce_retrieval.serving.export import ExportPaths, embed_with_keras, export_encoders, load_signature

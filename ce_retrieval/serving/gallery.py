@@ -7,6 +7,8 @@ chunked brute force. Threshold search is always exact (``partitions.threshold_se
 
 Loading checks the index against the model it will be queried with: embedding dimension, normalisation and the
 export fingerprint must match, and the stored arrays must match the manifest; otherwise ``IndexMismatchError``.
+This module reads one index folder (``INDEX_FORMAT``); a sharded version folder (``SHARDED_FORMAT``, one such
+folder per shard) is refused here and loaded by ``ce_retrieval.serving.sharded_index.load_index``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from ce_retrieval.serving import layout
 from ce_retrieval.serving.partitions import BallPartitions, threshold_search
 
 EMBEDDINGS_FILE, IDS_FILE, PARTITIONS_FILE, SCANN_DIR = "embeddings.npy", "ids.npy", "partitions.npz", "scann"
+INDEX_FORMAT = "ce_retrieval.index/1"  # one index folder (this module)
+SHARDED_FORMAT = "ce_retrieval.sharded_index/1"  # shard folders of INDEX_FORMAT (``sharded_index``)
 
 
 class IndexMismatchError(ValueError):
@@ -33,7 +37,17 @@ class IndexMismatchError(ValueError):
 
 
 def ids_digest(ids: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(ids, dtype=np.int64).tobytes()).hexdigest()
+    """SHA-256 of the ids as little-endian int64 bytes in stored (row) order."""
+    return hashlib.sha256(np.ascontiguousarray(ids, dtype="<i8").tobytes()).hexdigest()
+
+
+def embeddings_digest(embeddings: np.ndarray, chunk_rows: int = 65536) -> str:
+    """SHA-256 of the embeddings as little-endian float32 bytes, row-major in stored (row) order (hashed in
+    chunks, so a memory-mapped gallery is never copied whole)."""
+    h = hashlib.sha256()
+    for s in range(0, len(embeddings), chunk_rows):
+        h.update(np.ascontiguousarray(embeddings[s : s + chunk_rows], dtype="<f4").tobytes())
+    return h.hexdigest()
 
 
 class GalleryIndex:
@@ -75,6 +89,13 @@ class GalleryIndex:
         """Loads an index folder; with ``expected_model`` (the export metadata), refuses a mismatched one."""
         path = os.path.abspath(path)
         manifest = layout.read_json(os.path.join(path, layout.INDEX_MANIFEST))
+        fmt = manifest.get("format")
+        if fmt == SHARDED_FORMAT:
+            raise IndexMismatchError(
+                f"{path} is a sharded index ({fmt}); load it with ce_retrieval.serving.sharded_index.load_index"
+            )
+        if fmt != INDEX_FORMAT:
+            raise IndexMismatchError(f"{path}: unknown index format {fmt!r}, expected {INDEX_FORMAT!r}")
         if expected_model is not None:
             check_compatible(manifest, expected_model, path)
         embeddings = np.load(os.path.join(path, EMBEDDINGS_FILE), mmap_mode="r" if mmap else None)

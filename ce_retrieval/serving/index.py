@@ -6,7 +6,8 @@ version (unit vectors, score s(q, x) = q.x):
     manifest.json   model binding (fingerprint, dimension, normalisation, logit scale), ids checksum, index
                     kind and parameters, build time, ANN recall@10 vs exact search measured at build time,
                     calibrated thresholds (score at which global precision reaches 0.5 / 0.8 / 0.9)
-    embeddings.npy  float32 [n, d] in leaf order;  ids.npy  int64 [n] (gallery id of each row)
+    embeddings.npy  float32 [n, d] in leaf order;  ids.npy  int64 [n] (gallery id of each row); the manifest
+                    holds the SHA-256 of both arrays
     partitions.npz  k-means ball partitions for exact threshold search (see ``partitions``)
     scann/          serialised ScaNN searcher (galleries of at least ``brute_force_below`` items)
 
@@ -18,6 +19,10 @@ recall@10 against exact search reaches the target (0.95 by default) on evaluatio
 given, otherwise held-out-like points near the gallery). ScaNN is serialised with relative asset paths so the
 folder can be moved and loaded from any working directory. The folder is published atomically
 (``ce_retrieval.utils.atomic.atomic_directory``).
+
+:func:`write_index_folder` writes one such folder into a given directory; :func:`build_index` uses it for the
+version folder itself and ``ce_retrieval.serving.sharded_index.build_sharded_index`` for each shard folder of a
+sharded version.
 """
 
 from __future__ import annotations
@@ -33,12 +38,22 @@ import numpy as np
 from ce_retrieval.evaluation.ann import IndexParams, build_scann, default_params
 from ce_retrieval.evaluation.search import exact_search
 from ce_retrieval.serving import layout
-from ce_retrieval.serving.gallery import EMBEDDINGS_FILE, IDS_FILE, PARTITIONS_FILE, SCANN_DIR, GalleryIndex, ids_digest
+from ce_retrieval.serving.gallery import (
+    EMBEDDINGS_FILE,
+    IDS_FILE,
+    INDEX_FORMAT,
+    PARTITIONS_FILE,
+    SCANN_DIR,
+    GalleryIndex,
+    embeddings_digest,
+    ids_digest,
+)
 from ce_retrieval.serving.partitions import build_partitions
 from ce_retrieval.utils.atomic import atomic_directory
 
 BRUTE_FORCE_BELOW = 20_000
 PRECISION_LEVELS = ("0.5", "0.8", "0.9")
+SCORE = "cosine similarity q.x of unit vectors"
 
 
 def normalize_thresholds(thresholds) -> dict[str, float] | None:
@@ -55,7 +70,8 @@ def normalize_thresholds(thresholds) -> dict[str, float] | None:
     return out
 
 
-def _recall_at_10(searcher_rows: np.ndarray, exact_rows: np.ndarray) -> float:
+def recall_at_10(searcher_rows: np.ndarray, exact_rows: np.ndarray) -> float:
+    """Share of the exact top-k (rows or ids [B, k]) found in the searcher's first k per query."""
     k = exact_rows.shape[1]
     hits = [len(np.intersect1d(a[:k], b)) for a, b in zip(searcher_rows, exact_rows, strict=True)]
     return float(np.sum(hits) / exact_rows.size)
@@ -86,12 +102,160 @@ def _tune_leaves(searcher, queries: np.ndarray, exact_rows: np.ndarray, p: Index
     for leaves in grid:
         for reorder in (p.reorder_num_neighbors, 4 * p.reorder_num_neighbors):
             rows, _ = searcher.search_batched_parallel(queries, 10, reorder, leaves)
-            recall = _recall_at_10(np.asarray(rows), exact_rows)
+            recall = recall_at_10(np.asarray(rows), exact_rows)
             table.append({"leaves_to_search": leaves, "reorder_num_neighbors": reorder, "recall_at_10": recall})
             if recall >= target:
                 return leaves, reorder, recall, table
     best = max(table, key=lambda r: r["recall_at_10"])
     return best["leaves_to_search"], best["reorder_num_neighbors"], best["recall_at_10"], table
+
+
+def model_block(meta: dict) -> dict:
+    """The manifest's ``model`` block: what binds an index to the export (image encoder metadata) that built it."""
+    return {
+        "fingerprint": meta["fingerprint"],
+        "export_id": meta["export_id"],
+        "embedding_dim": meta["embedding_dim"],
+        "normalization": meta.get("normalization", "l2"),
+        "logit_scale": meta.get("logit_scale"),
+    }
+
+
+def resolve_version(export_dir: str, version: int | None) -> tuple[int, dict]:
+    """``(version, image encoder metadata)``: the given export version, or the newest complete one."""
+    if version is None:
+        complete = layout.complete_versions(export_dir)
+        if not complete:
+            raise FileNotFoundError(f"{export_dir} holds no complete export; run `ce-retrieval export` first")
+        version = complete[-1]
+    return int(version), layout.export_metadata(export_dir, layout.IMAGE_ENCODER, version)
+
+
+def check_gallery(embeddings, ids, embedding_dim: int, version: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(x float32 [n, d] C-contiguous, ids int64 [n])`` after checking shape, dimension, unique ids and unit
+    norms; ``ValueError`` naming the problem otherwise."""
+    x = np.ascontiguousarray(embeddings, dtype=np.float32)
+    ids = np.asarray(ids, dtype=np.int64)
+    if x.ndim != 2 or x.shape[0] == 0:
+        raise ValueError(f"embeddings must be a non-empty [n, d] array, got shape {x.shape}")
+    if x.shape[1] != embedding_dim:
+        where = f"export version {version}" if version is not None else "the model"
+        raise ValueError(f"embeddings have dimension {x.shape[1]} but {where} has {embedding_dim}")
+    if ids.shape != (len(x),):
+        raise ValueError(f"ids must have shape ({len(x)},), got {ids.shape}")
+    if len(np.unique(ids)) != len(ids):
+        raise ValueError("gallery ids must be unique")
+    norms = np.linalg.norm(x, axis=1)
+    if not np.all(np.isfinite(norms)) or np.max(np.abs(norms - 1.0)) > 1e-3:
+        raise ValueError("gallery embeddings must be finite and L2-normalised (use the exported image encoder)")
+    return x, ids
+
+
+def evaluation_queries(x: np.ndarray, queries, seed: int) -> tuple[np.ndarray, str]:
+    """Queries for measuring recall@10 at build time, and their description: at most 1,000 of the given ones
+    (a seeded sample, so every shard of a sharded build and its global check use the same ones), otherwise
+    held-out-like points near the gallery ``x``."""
+    rng = np.random.default_rng(seed)
+    if queries is None:
+        return _held_out_like(x, rng), "gallery sample moved by its nearest-neighbour distance (held-out-like)"
+    q = np.asarray(queries, dtype=np.float32)
+    return q[rng.choice(len(q), size=min(len(q), 1000), replace=False)], "given queries"
+
+
+def write_index_folder(
+    embeddings,
+    ids,
+    folder: str,
+    meta: dict,
+    *,
+    version: int,
+    thresholds=None,
+    queries=None,
+    target_recall: float = 0.95,
+    brute_force_below: int = BRUTE_FORCE_BELOW,
+    params: IndexParams | None = None,
+    gallery_info: dict | None = None,
+    seed: int = 0,
+) -> dict:
+    """Writes one index folder (format ``ce_retrieval.index/1``) into the existing, empty ``folder`` and returns
+    its manifest. ``meta`` is the image encoder's export metadata. The folder is loaded back with
+    :meth:`GalleryIndex.load` before this returns. Publishing it (atomically) is the caller's job: ``build_index``
+    writes into its temporary version folder, the sharded builder into one subfolder of it per shard."""
+    start = time.time()
+    x, ids = check_gallery(embeddings, ids, meta["embedding_dim"], version)
+    n = len(x)
+    kind = "brute_force" if n < brute_force_below else "scann"
+    p = default_params(n, params)
+    if kind == "scann":
+        order, partitions = build_partitions(x, p.num_leaves, seed=seed)
+        x, ids = np.ascontiguousarray(x[order]), ids[order]
+        partitions.save(os.path.join(folder, PARTITIONS_FILE))
+        searcher = build_scann(x, p)
+        q, source = evaluation_queries(x, queries, seed)
+        exact_rows, _ = exact_search(q, x, 10)
+        p.leaves_to_search, p.reorder_num_neighbors, recall, table = _tune_leaves(
+            searcher, q, exact_rows, p, target_recall
+        )
+        os.mkdir(os.path.join(folder, SCANN_DIR))  # mkdir, not makedirs: never re-creates a removed temporary folder
+        searcher.serialize(os.path.join(folder, SCANN_DIR), relative_path=True)
+        recall_info = {
+            "recall_at_10": recall,
+            "target": target_recall,
+            "meets_target": recall >= target_recall,
+            "num_queries": len(q),
+            "query_source": source,
+            "tuning": table,
+        }
+        params_out = dataclasses.asdict(p)
+    else:
+        params_out = {"exact": True}
+        recall_info = {
+            "recall_at_10": 1.0,
+            "target": target_recall,
+            "meets_target": True,
+            "num_queries": 0,
+            "query_source": "exact search (gallery below brute_force_below)",
+        }
+    np.save(os.path.join(folder, EMBEDDINGS_FILE), x)
+    np.save(os.path.join(folder, IDS_FILE), ids)
+    manifest = {
+        "format": INDEX_FORMAT,
+        "version": int(version),
+        "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "build_seconds": round(time.time() - start, 3),
+        "model": model_block(meta),
+        "score": SCORE,
+        "num_items": n,
+        "ids": {
+            "file": IDS_FILE,
+            "dtype": "int64",
+            "count": n,
+            "sha256": ids_digest(ids),
+            "min": int(ids.min()),
+            "max": int(ids.max()),
+        },
+        "embeddings": {
+            "file": EMBEDDINGS_FILE,
+            "dtype": "float32",
+            "order": "leaf" if kind == "scann" else "input",
+            "sha256": embeddings_digest(x),
+        },
+        "kind": kind,
+        "brute_force_below": brute_force_below,
+        "params": params_out,
+        "threshold_search": {
+            "method": "exact: ball-bounded k-means leaves + exact re-scoring"
+            if kind == "scann"
+            else "exact: brute force",
+            "file": PARTITIONS_FILE if kind == "scann" else None,
+        },
+        "ann": recall_info,
+        "thresholds": {"threshold_at_precision": normalize_thresholds(thresholds)},
+        "gallery": gallery_info or {},
+    }
+    layout.write_json(os.path.join(folder, layout.INDEX_MANIFEST), manifest)
+    GalleryIndex.load(folder, expected_model=meta, mmap=True)  # the folder must load before it is published
+    return manifest
 
 
 def build_index(
@@ -117,116 +281,23 @@ def build_index(
     measure ANN recall@10; by default a sample of the gallery. Returns the manifest.
     """
     export_dir = os.path.abspath(export_dir)
-    if version is None:
-        complete = layout.complete_versions(export_dir)
-        if not complete:
-            raise FileNotFoundError(f"{export_dir} holds no complete export; run `ce-retrieval export` first")
-        version = complete[-1]
-    meta = layout.export_metadata(export_dir, layout.IMAGE_ENCODER, version)
-    x = np.ascontiguousarray(embeddings, dtype=np.float32)
-    ids = np.asarray(ids, dtype=np.int64)
-    if x.ndim != 2 or x.shape[0] == 0:
-        raise ValueError(f"embeddings must be a non-empty [n, d] array, got shape {x.shape}")
-    if x.shape[1] != meta["embedding_dim"]:
-        raise ValueError(
-            f"embeddings have dimension {x.shape[1]} but export version {version} has {meta['embedding_dim']}"
-        )
-    if ids.shape != (len(x),):
-        raise ValueError(f"ids must have shape ({len(x)},), got {ids.shape}")
-    if len(np.unique(ids)) != len(ids):
-        raise ValueError("gallery ids must be unique")
-    norms = np.linalg.norm(x, axis=1)
-    if not np.all(np.isfinite(norms)) or np.max(np.abs(norms - 1.0)) > 1e-3:
-        raise ValueError("gallery embeddings must be finite and L2-normalised (use the exported image encoder)")
-
-    start = time.time()
-    n = len(x)
-    kind = "brute_force" if n < brute_force_below else "scann"
+    version, meta = resolve_version(export_dir, version)
+    x, ids = check_gallery(embeddings, ids, meta["embedding_dim"], version)
     final = layout.version_dir(export_dir, layout.INDEX, version)
     if os.path.exists(final) and not overwrite:
         raise FileExistsError(f"{final} already exists (pass overwrite=True / --overwrite to replace it atomically)")
     with atomic_directory(final, overwrite=overwrite) as tmp:  # published only if everything below succeeds
-        p = default_params(n, params)
-        recall_info = None
-        if kind == "scann":
-            order, partitions = build_partitions(x, p.num_leaves, seed=seed)
-            x, ids = np.ascontiguousarray(x[order]), ids[order]
-            partitions.save(os.path.join(tmp, PARTITIONS_FILE))
-            searcher = build_scann(x, p)
-            rng = np.random.default_rng(seed)
-            if queries is None:
-                q = _held_out_like(x, rng)
-                source = "gallery sample moved by its nearest-neighbour distance (held-out-like)"
-            else:
-                q = np.asarray(queries, dtype=np.float32)
-                q = q[rng.choice(len(q), size=min(len(q), 1000), replace=False)]
-                source = "given queries"
-            exact_rows, _ = exact_search(q, x, 10)
-            p.leaves_to_search, p.reorder_num_neighbors, recall, table = _tune_leaves(
-                searcher, q, exact_rows, p, target_recall
-            )
-            os.makedirs(os.path.join(tmp, SCANN_DIR))
-            searcher.serialize(os.path.join(tmp, SCANN_DIR), relative_path=True)
-            recall_info = {
-                "recall_at_10": recall,
-                "target": target_recall,
-                "meets_target": recall >= target_recall,
-                "num_queries": len(q),
-                "query_source": source,
-                "tuning": table,
-            }
-            params_out = dataclasses.asdict(p)
-        else:
-            params_out = {"exact": True}
-            recall_info = {
-                "recall_at_10": 1.0,
-                "target": target_recall,
-                "meets_target": True,
-                "num_queries": 0,
-                "query_source": "exact search (gallery below brute_force_below)",
-            }
-        np.save(os.path.join(tmp, EMBEDDINGS_FILE), x)
-        np.save(os.path.join(tmp, IDS_FILE), ids)
-        manifest = {
-            "format": "ce_retrieval.index/1",
-            "version": int(version),
-            "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "build_seconds": round(time.time() - start, 3),
-            "model": {
-                "fingerprint": meta["fingerprint"],
-                "export_id": meta["export_id"],
-                "embedding_dim": meta["embedding_dim"],
-                "normalization": meta.get("normalization", "l2"),
-                "logit_scale": meta.get("logit_scale"),
-            },
-            "score": "cosine similarity q.x of unit vectors",
-            "num_items": n,
-            "ids": {
-                "file": IDS_FILE,
-                "dtype": "int64",
-                "count": n,
-                "sha256": ids_digest(ids),
-                "min": int(ids.min()),
-                "max": int(ids.max()),
-            },
-            "embeddings": {
-                "file": EMBEDDINGS_FILE,
-                "dtype": "float32",
-                "order": "leaf" if kind == "scann" else "input",
-            },
-            "kind": kind,
-            "brute_force_below": brute_force_below,
-            "params": params_out,
-            "threshold_search": {
-                "method": "exact: ball-bounded k-means leaves + exact re-scoring"
-                if kind == "scann"
-                else "exact: brute force",
-                "file": PARTITIONS_FILE if kind == "scann" else None,
-            },
-            "ann": recall_info,
-            "thresholds": {"threshold_at_precision": normalize_thresholds(thresholds)},
-            "gallery": gallery_info or {},
-        }
-        layout.write_json(os.path.join(tmp, layout.INDEX_MANIFEST), manifest)
-        GalleryIndex.load(tmp, expected_model=meta, mmap=True)  # the folder must load before it is published
-    return manifest
+        return write_index_folder(
+            x,
+            ids,
+            tmp,
+            meta,
+            version=version,
+            thresholds=thresholds,
+            queries=queries,
+            target_recall=target_recall,
+            brute_force_below=brute_force_below,
+            params=params,
+            gallery_info=gallery_info,
+            seed=seed,
+        )

@@ -12,6 +12,12 @@ Two questions, as in the paper:
 Scores are the calibrated cosine similarities; each hit also reports the highest calibrated precision level
 its score clears (``precision_level``), so a client can read a score as "at least 90 % of pairs this high
 were relevant on validation data".
+
+Sharded galleries: ``load`` serves a sharded ``index/<v>`` in-process (``sharded_index.load_index`` picks the
+index type from the manifest); ``from_router`` pairs the local text encoder with remote shard servers
+(:mod:`ce_retrieval.serving.router`). Either way every result then carries its shard coverage
+(:class:`~ce_retrieval.serving.router.ShardCoverage`: which shards answered, which did not and why), and
+``to_json`` reports it; results of an unsharded index carry none and their JSON is unchanged.
 """
 
 from __future__ import annotations
@@ -22,7 +28,8 @@ import os
 import numpy as np
 
 from ce_retrieval.serving import layout
-from ce_retrieval.serving.gallery import GalleryIndex, IndexMismatchError
+from ce_retrieval.serving.gallery import IndexMismatchError, check_compatible
+from ce_retrieval.serving.router import ShardCoverage
 
 PROBE_ATOL = 1e-4
 
@@ -33,9 +40,25 @@ class QueryResult:
     scores: np.ndarray  # float32 [m], descending
     precision_levels: list  # per hit: highest calibrated precision whose threshold the score clears, or None
     truncated: bool = False  # threshold search returned more than ``limit`` hits; only the best are kept
+    coverage: ShardCoverage | None = None  # sharded index only: which shards answered
 
-    def to_json(self) -> dict:
-        return {
+    @property
+    def partial(self) -> bool:
+        """True when some shard did not answer: the hits are exact over the shards that did, not the gallery."""
+        return self.coverage is not None and self.coverage.partial
+
+    @property
+    def shards_answered(self) -> list[int]:
+        return [] if self.coverage is None else list(self.coverage.answered)
+
+    @property
+    def shards_missing(self) -> dict[int, str]:
+        return {} if self.coverage is None else dict(self.coverage.missing)
+
+    def to_json(self, coverage: bool = True) -> dict:
+        """Hits as JSON; with a sharded index (and ``coverage``) also ``partial``, ``shards_answered`` and
+        ``shards_missing`` (shard number as a string -> reason)."""
+        out = {
             "hits": [
                 {"id": int(i), "score": round(float(s), 6), "precision_level": p}
                 for i, s, p in zip(self.ids, self.scores, self.precision_levels, strict=True)
@@ -43,6 +66,10 @@ class QueryResult:
             "num_hits": int(len(self.ids)),
             "truncated": self.truncated,
         }
+        if coverage and self.coverage is not None:
+            cov = self.coverage.to_json()
+            out.update(partial=self.partial, shards_answered=cov["answered"], shards_missing=cov["missing"])
+        return out
 
 
 def _validate_texts(texts) -> list[str]:
@@ -60,7 +87,7 @@ def _validate_texts(texts) -> list[str]:
 class Searcher:
     """An immutable (text encoder, index) pair of one export version; safe to share between threads."""
 
-    def __init__(self, export_dir: str, version: int, text_signature, metadata: dict, index: GalleryIndex):
+    def __init__(self, export_dir: str, version: int, text_signature, metadata: dict, index):
         self.export_dir, self.version = export_dir, version
         self._text_fn, self.metadata, self.index = text_signature, metadata, index
         raw = (index.manifest.get("thresholds") or {}).get("threshold_at_precision") or {}
@@ -68,35 +95,36 @@ class Searcher:
 
     @classmethod
     def load(cls, export_dir: str, version: int | None = None, *, verify: bool = True) -> Searcher:
-        from ce_retrieval.serving.export import TEXT_INPUT, load_signature
+        """The text encoder and the index (single or sharded, in-process) of ``version`` (default: newest)."""
+        from ce_retrieval.serving.sharded_index import load_index
 
         export_dir = os.path.abspath(export_dir)
-        servable = layout.servable_versions(export_dir)
-        if version is None:
-            if not servable:
-                raise FileNotFoundError(
-                    f"{export_dir} has no version with both encoders and an index "
-                    "(run `ce-retrieval export` and `ce-retrieval index`)"
-                )
-            version = servable[-1]
-        elif version not in servable:
-            raise FileNotFoundError(f"version {version} of {export_dir} is not servable; servable: {servable}")
+        version = _servable_version(export_dir, version)
         meta = layout.export_metadata(export_dir, layout.TEXT_ENCODER, version)
-        index = GalleryIndex.load(layout.version_dir(export_dir, layout.INDEX, version), expected_model=meta)
-        _, fn = load_signature(layout.version_dir(export_dir, layout.TEXT_ENCODER, version))
-        searcher = cls(export_dir, version, fn, meta, index)
-        if verify:
-            import tensorflow as tf
+        index = load_index(layout.version_dir(export_dir, layout.INDEX, version), expected_model=meta, mmap=True)
+        return cls(export_dir, version, _load_text_encoder(export_dir, version, meta, verify), meta, index)
 
-            probe = meta["probe"]
-            got = fn(**{TEXT_INPUT: tf.constant(probe["texts"])})["embedding"].numpy()
-            want = np.asarray(probe["text_embeddings"], dtype=np.float32)
-            if got.shape != want.shape or not np.allclose(got, want, atol=PROBE_ATOL):
-                raise IndexMismatchError(
-                    f"text_encoder/{version} does not reproduce the probe embeddings recorded "
-                    "at export: the SavedModel was changed or is corrupt"
-                )
-        return searcher
+    @classmethod
+    def from_router(cls, export_dir: str, version: int, client, *, verify: bool = True) -> Searcher:
+        """The local text encoder of ``version`` with the sharded index served by remote shard servers.
+
+        ``client`` is a :class:`~ce_retrieval.serving.router.ShardClient` (URL i serving shard i); only the
+        sharded index's manifest is read here, to check it against the model and the number of shard URLs."""
+        from ce_retrieval.serving.router import RemoteShards
+
+        export_dir = os.path.abspath(export_dir)
+        version = _servable_version(export_dir, version)
+        meta = layout.export_metadata(export_dir, layout.TEXT_ENCODER, version)
+        index_dir = layout.version_dir(export_dir, layout.INDEX, version)
+        manifest = layout.read_json(os.path.join(index_dir, layout.INDEX_MANIFEST))
+        check_compatible(manifest, meta, index_dir)
+        index = RemoteShards(client, version, manifest)
+        return cls(export_dir, version, _load_text_encoder(export_dir, version, meta, verify), meta, index)
+
+    @property
+    def num_shards(self) -> int | None:
+        """Number of shards of a sharded index (in-process or remote), None for a single index."""
+        return _num_shards(self.index)
 
     @property
     def logit_scale(self) -> float | None:
@@ -154,15 +182,71 @@ class Searcher:
     ) -> list[QueryResult]:
         if precision is not None:
             threshold = self.threshold_for_precision(precision)
+        remote = hasattr(self.index, "search_topk")  # remote shards report which of them answered
         if k is not None:
             if int(k) < 1:
                 raise ValueError(f"k must be >= 1, got {k}")
-            ids, scores = self.index.topk(queries, int(k))
-            return [QueryResult(i, s, self.precision_levels(s)) for i, s in zip(ids, scores, strict=True)]
-        ids, scores = self.index.threshold(queries, float(threshold))
-        out = []
-        for i, s in zip(ids, scores, strict=True):
-            cut = limit is not None and len(i) > limit
-            i, s = (i[:limit], s[:limit]) if cut else (i, s)
-            out.append(QueryResult(i, s, self.precision_levels(s), truncated=bool(cut)))
-        return out
+            if remote:
+                ids, scores, coverage = self.index.search_topk(queries, int(k))
+            else:
+                (ids, scores), coverage = self.index.topk(queries, int(k)), _full_coverage(self.index)
+            return [
+                QueryResult(i, s, self.precision_levels(s), coverage=coverage) for i, s in zip(ids, scores, strict=True)
+            ]
+        if remote:  # each shard sends at most ``limit`` hits; the merge keeps the best ``limit`` of the union
+            ids, scores, truncated, coverage = self.index.search_threshold(queries, float(threshold), limit)
+        else:
+            ids, scores = self.index.threshold(queries, float(threshold))
+            truncated, coverage = [limit is not None and len(i) > limit for i in ids], _full_coverage(self.index)
+            ids = [i[:limit] if cut else i for i, cut in zip(ids, truncated, strict=True)]
+            scores = [s[:limit] if cut else s for s, cut in zip(scores, truncated, strict=True)]
+        return [
+            QueryResult(i, s, self.precision_levels(s), truncated=bool(cut), coverage=coverage)
+            for i, s, cut in zip(ids, scores, truncated, strict=True)
+        ]
+
+
+def _servable_version(export_dir: str, version: int | None) -> int:
+    servable = layout.servable_versions(export_dir)
+    if version is None:
+        if not servable:
+            raise FileNotFoundError(
+                f"{export_dir} has no version with both encoders and an index "
+                "(run `ce-retrieval export` and `ce-retrieval index`)"
+            )
+        return servable[-1]
+    if version not in servable:
+        raise FileNotFoundError(f"version {version} of {export_dir} is not servable; servable: {servable}")
+    return version
+
+
+def _load_text_encoder(export_dir: str, version: int, meta: dict, verify: bool):
+    """The text encoder's serving function; with ``verify``, it must reproduce the probe embeddings of the export."""
+    from ce_retrieval.serving.export import TEXT_INPUT, load_signature
+
+    _, fn = load_signature(layout.version_dir(export_dir, layout.TEXT_ENCODER, version))
+    if verify:
+        import tensorflow as tf
+
+        probe = meta["probe"]
+        got = fn(**{TEXT_INPUT: tf.constant(probe["texts"])})["embedding"].numpy()
+        want = np.asarray(probe["text_embeddings"], dtype=np.float32)
+        if got.shape != want.shape or not np.allclose(got, want, atol=PROBE_ATOL):
+            raise IndexMismatchError(
+                f"text_encoder/{version} does not reproduce the probe embeddings recorded "
+                "at export: the SavedModel was changed or is corrupt"
+            )
+    return fn
+
+
+def _num_shards(index) -> int | None:
+    if getattr(index, "num_shards", None) is not None:  # remote shards (and a ShardedIndex that says so)
+        return int(index.num_shards)
+    shards = getattr(index, "shards", None)  # in-process ShardedIndex
+    return None if shards is None else len(shards)
+
+
+def _full_coverage(index) -> ShardCoverage | None:
+    """An in-process sharded index searches every shard (or raises): complete coverage; None when unsharded."""
+    n = _num_shards(index)
+    return None if n is None else ShardCoverage(total=n, answered=list(range(n)), missing={})

@@ -8,6 +8,13 @@
     GET  /metrics  Prometheus text: request counts, latency histogram, served version, reloads
     POST /admin/reload  look for a newer version now (the watcher also polls every ``reload_interval`` s)
 
+Router mode (``shard_urls``, ``ce-retrieval serve --shard_urls ...``): the text encoder runs here and the index is
+a set of shard servers (:mod:`ce_retrieval.serving.shard_server`) queried concurrently under a per-shard deadline
+(:mod:`ce_retrieval.serving.router`); a response then carries ``"partial"`` and ``"shards"`` (which shards
+answered), a partial answer is a 200 with the flag, and no answer from any shard is a 503. A version is served
+only once every shard server has it loaded. An in-process sharded index (a sharded ``index/<v>``) gets the same
+two fields, always complete.
+
 Robustness: the body is read in chunks and refused past ``max_body_bytes`` (413); a declared Content-Type must
 be JSON (415; none is read as JSON); the body must be UTF-8 (400) JSON (400) of the documented shape (422, with
 the reason); each search runs in a worker thread under a deadline (504 when exceeded). The artefacts are loaded
@@ -32,25 +39,32 @@ from ce_retrieval.serving.metrics import Metrics
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
 
 log = logging.getLogger("ce_retrieval.serving")
 SEARCH_FIELDS = {"texts", "k", "threshold", "precision", "limit"}
 
 
 class RequestError(Exception):
-    def __init__(self, status: int, reason: str):
+    """A request refused with an HTTP ``status`` and a ``reason``; ``extra`` fields join the error body."""
+
+    def __init__(self, status: int, reason: str, **extra):
         super().__init__(reason)
-        self.status, self.reason = status, reason
+        self.status, self.reason, self.extra = status, reason, extra
 
 
 class SearcherHolder:
-    """Holds the current :class:`Searcher`; ``reload()`` loads a newer version and swaps it in atomically."""
+    """Holds the current :class:`Searcher`; ``reload()`` loads a newer version and swaps it in atomically.
 
-    def __init__(self, export_dir: str, metrics: Metrics, loader=None):
+    ``candidates(export_dir)`` lists the versions it may serve (ascending; default: every servable version; a
+    router passes the versions that every shard server has loaded)."""
+
+    def __init__(self, export_dir: str, metrics: Metrics, loader=None, candidates=None):
         from ce_retrieval.serving.searcher import Searcher
 
         self.export_dir = os.path.abspath(export_dir)
         self.metrics, self._loader = metrics, loader or Searcher.load
+        self._candidates = candidates or layout.servable_versions
         self.searcher = None  # read without a lock: a reference read is atomic
         self._reload_lock = threading.Lock()
         self._failed: set[int] = set()
@@ -59,7 +73,7 @@ class SearcherHolder:
     def reload(self) -> bool:
         """Loads the newest servable version if it is newer than the current one; True if swapped."""
         with self._reload_lock:
-            candidates = [v for v in layout.servable_versions(self.export_dir) if v not in self._failed]
+            candidates = [v for v in self._candidates(self.export_dir) if v not in self._failed]
             current = None if self.searcher is None else self.searcher.version
             if not candidates or (current is not None and candidates[-1] <= current):
                 return False
@@ -85,19 +99,64 @@ def _is_json_media_type(media_type: str) -> bool:
     return media_type == "application/json" or (media_type.startswith("application/") and media_type.endswith("+json"))
 
 
-def _parse_search(body: bytes, searcher, limits: dict) -> dict:
+def check_media_type(request) -> None:
+    """415 unless a declared Content-Type is JSON."""
+    media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media_type and not _is_json_media_type(media_type):
+        raise RequestError(415, f"Content-Type {media_type!r} is not supported; send application/json")
+
+
+async def read_body(request, max_body_bytes: int) -> bytes:
+    """The request body, read in chunks; 413 as soon as it (or its declared length) exceeds ``max_body_bytes``."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
+        raise RequestError(413, f"request body of {declared} bytes exceeds the limit of {max_body_bytes}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_body_bytes:
+            raise RequestError(413, f"request body exceeds the limit of {max_body_bytes} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def parse_json(body: bytes) -> object:
+    """Decodes a UTF-8 JSON body; 400 with the reason otherwise (never a 500, whatever the bytes)."""
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise RequestError(400, f"request body is not valid UTF-8 (byte {exc.start})") from None
     try:
-        req = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as exc:
         raise RequestError(400, f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
     except RecursionError:  # json's C scanner recurses per nesting level: [[[[...]]]] must not become a 500
         raise RequestError(400, "malformed JSON: nested too deeply") from None
     except ValueError as exc:  # e.g. an integer literal past Python's int conversion limit (4300 digits)
         raise RequestError(400, f"malformed JSON: {str(exc).split(';')[0]}") from None
+
+
+def error_response(status: int, reason: str, **extra) -> "JSONResponse":
+    """The service's error shape: ``{"error": reason, "status": status, ...extra}``."""
+    from fastapi.responses import JSONResponse
+
+    return JSONResponse({"error": reason, "status": status, **extra}, status_code=status)
+
+
+def install_error_shape(app) -> None:
+    """FastAPI's own 404/405/... answers get the service's error shape, with the method and path as context."""
+    from fastapi import Request
+    from fastapi.responses import JSONResponse
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        reason = f"{exc.detail}: {request.method} {request.url.path}"
+        return JSONResponse({"error": reason, "status": exc.status_code}, exc.status_code, headers=exc.headers)
+
+
+def _parse_search(body: bytes, searcher, limits: dict) -> dict:
+    req = parse_json(body)
     if not isinstance(req, dict):
         raise RequestError(422, "the body must be a JSON object")
     unknown = sorted(set(req) - SEARCH_FIELDS)
@@ -169,15 +228,31 @@ def create_app(
     max_concurrency: int = 8,
     default_k: int = 10,
     loader=None,
+    shard_urls: list[str] | None = None,
+    shard_timeout_s: float = 1.0,
 ) -> "FastAPI":
-    """The FastAPI application; artefacts load at start-up and reload when a newer version appears."""
+    """The FastAPI application; artefacts load at start-up and reload when a newer version appears.
+
+    With ``shard_urls`` (shard server base URLs, URL i serving shard i) it is a router: the text encoder and the
+    sharded index's manifest come from ``export_dir``, the searches go to the shard servers, each under a
+    deadline of ``shard_timeout_s`` (which must be shorter than the request deadline ``timeout_s``)."""
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, PlainTextResponse
     from starlette.concurrency import run_in_threadpool
-    from starlette.exceptions import HTTPException as StarletteHTTPException
 
     metrics = Metrics()
-    holder = SearcherHolder(export_dir, metrics, loader)
+    router, candidates = None, None
+    if shard_urls:
+        from ce_retrieval.serving.router import ShardRouter
+
+        if not 0 < shard_timeout_s < timeout_s:
+            raise ValueError(
+                f"shard_timeout_s ({shard_timeout_s:g} s) must be positive and shorter than timeout_s ({timeout_s:g} s)"
+            )
+        router = ShardRouter(export_dir, shard_urls, timeout_s=shard_timeout_s, max_concurrency=max_concurrency)
+        loader, candidates = loader or router.load, router.ready_versions
+        metrics.inc("ce_partial_responses_total", 0)
+    holder = SearcherHolder(export_dir, metrics, loader, candidates)
     limits = {
         "max_texts": max_texts,
         "max_k": max_k,
@@ -202,10 +277,13 @@ def create_app(
             yield
         finally:
             stop.set()
+            if router is not None:
+                router.close()
 
     app = FastAPI(title="ce_retrieval", version=__import__("ce_retrieval").__version__, lifespan=lifespan)
-    app.state.holder, app.state.metrics = holder, metrics
+    app.state.holder, app.state.metrics, app.state.router = holder, metrics, router
     gate = asyncio.Semaphore(max_concurrency)
+    install_error_shape(app)
 
     @app.middleware("http")
     async def observe(request: Request, call_next):
@@ -219,36 +297,19 @@ def create_app(
         metrics.observe(path, response.status_code, time.perf_counter() - start)
         return response
 
-    def error(status: int, reason: str):
-        return JSONResponse({"error": reason, "status": status}, status_code=status)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException):
-        # FastAPI's own 404/405/... answers get the service's error shape, with the method and path as context.
-        reason = f"{exc.detail}: {request.method} {request.url.path}"
-        return JSONResponse({"error": reason, "status": exc.status_code}, exc.status_code, headers=exc.headers)
-
     @app.post("/search")
     async def search(request: Request):
+        from ce_retrieval.serving.router import ShardsUnavailableError
+
         searcher = holder.searcher  # pinned for this request: a concurrent reload does not affect it
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
-            return error(413, f"request body of {declared} bytes exceeds the limit of {max_body_bytes}")
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > max_body_bytes:
-                return error(413, f"request body exceeds the limit of {max_body_bytes} bytes")
-            chunks.append(chunk)
-        if searcher is None:
-            return error(503, "no servable version loaded yet")
-        media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        if media_type and not _is_json_media_type(media_type):
-            return error(415, f"Content-Type {media_type!r} is not supported; send application/json")
         try:
-            req = _parse_search(b"".join(chunks), searcher, limits)
+            body = await read_body(request, max_body_bytes)
+            if searcher is None:
+                raise RequestError(503, "no servable version loaded yet")
+            check_media_type(request)
+            req = _parse_search(body, searcher, limits)
         except RequestError as exc:
-            return error(exc.status, exc.reason)
+            return error_response(exc.status, exc.reason, **exc.extra)
         start = time.perf_counter()
 
         async def run_search():
@@ -266,12 +327,21 @@ def create_app(
             results = await asyncio.wait_for(run_search(), timeout_s)
         except asyncio.TimeoutError:
             metrics.inc("ce_search_timeouts_total")
-            return error(504, f"search did not finish within {timeout_s:g} s")
+            return error_response(504, f"search did not finish within {timeout_s:g} s")
+        except ShardsUnavailableError as exc:  # not one shard answered: nothing to return, not even partially
+            metrics.inc("ce_shard_unavailable_total")
+            return error_response(503, str(exc), shards=exc.coverage.to_json())
         payload = {
             "version": searcher.version,
             "took_ms": round(1000 * (time.perf_counter() - start), 3),
-            "results": [dict(text=t, **r.to_json()) for t, r in zip(req["texts"], results, strict=True)],
+            "results": [dict(text=t, **r.to_json(coverage=False)) for t, r in zip(req["texts"], results, strict=True)],
         }
+        coverage = results[0].coverage if results else None  # one fan-out per request: the same for every text
+        if coverage is not None:
+            payload["partial"] = coverage.partial
+            payload["shards"] = coverage.to_json()
+            if coverage.partial:
+                metrics.inc("ce_partial_responses_total")
         if req["k"] is not None:
             payload["k"] = req["k"]
         else:
@@ -285,17 +355,27 @@ def create_app(
     @app.get("/healthz")
     async def healthz():
         s = holder.searcher
+        shards = None if router is None else router.health_json()
         if s is None:
-            return JSONResponse({"status": "loading", "error": holder.last_error}, status_code=503)
-        return {
+            body = {"status": "loading", "error": holder.last_error}
+            if shards is not None:
+                body["shards"] = shards
+            return JSONResponse(body, status_code=503)
+        body = {
             "status": "ok",
             "version": s.version,
             "gallery_size": len(s.index),
-            "index": s.index.manifest["kind"],
+            "index": s.index.manifest.get("kind") or "sharded",
             "embedding_dim": s.index.dim,
             "calibrated_precisions": sorted(s.thresholds),
             "last_error": holder.last_error,
         }
+        num_shards = s.num_shards
+        if num_shards is not None:
+            body["num_shards"] = num_shards
+        if shards is not None:
+            body["mode"], body["shards"] = "router", shards
+        return body
 
     @app.get("/metrics")
     async def prometheus():

@@ -1,0 +1,319 @@
+"""Sharded gallery index benchmark (issue #14): one index vs S shards on a generated gallery, and the router.
+
+Parts, each run in a child process of its own so that its peak memory is its own (``ru_maxrss``, children
+included for the sharded build's worker pool):
+
+* ``prepare``  a clustered gallery of N unit vectors (d = 128; 2,000 Gaussian clusters, noise 2x the centre
+  scale), 1,000 held-out queries from the same distribution, and their exact top-10 over the gallery
+  (chunked float32 matmul); two throw-away exports of a small hashed bag-of-words text tower (d = 128);
+* ``single``   ``build_index`` of the whole gallery (one ScaNN index);
+* ``sharded``  ``build_sharded_index`` with S shards and W build processes;
+* ``search``   recall@10 of both against exact search on the held-out queries; in-process latency of one query
+  at a time (``GalleryIndex.topk`` vs ``ShardedIndex.topk``); then HTTP: ``ce-retrieval serve`` over the one
+  index vs the router ``serve --shard_urls`` in front of S ``serve-shard`` processes, all on 127.0.0.1, at
+  concurrency 1 and 8, posting one caption with k = 10 for a fixed time.
+
+    python benchmarks/sharded_index.py --n 10000000 --shards 8 --workers 2 --workdir /tmp/ce_sharded_bench
+
+Prints a markdown record (command, load average, machine) for ``benchmarks/results/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+
+DIM, CLUSTERS, CHUNK = 128, 2000, 500_000
+THRESHOLDS = {"0.5": 0.3, "0.8": 0.5, "0.9": 0.6}
+
+
+def _peak_mb(children: bool = False) -> float:
+    self_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    kids_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss if children else 0
+    return max(self_kb, kids_kb) / 1024.0
+
+
+def _gallery_chunks(n: int, seed: int):
+    """Deterministic clustered unit vectors, generated CHUNK rows at a time (float32)."""
+    centers = np.random.default_rng(seed).normal(size=(CLUSTERS, DIM)).astype(np.float32)
+    for start in range(0, n, CHUNK):
+        rng = np.random.default_rng([seed, start])
+        rows = min(CHUNK, n - start)
+        x = centers[rng.integers(0, CLUSTERS, rows)] + 2.0 * rng.standard_normal((rows, DIM), dtype=np.float32)
+        x /= np.linalg.norm(x, axis=1, keepdims=True)
+        yield start, x
+
+
+def _exact_top10(x: np.ndarray, q: np.ndarray) -> np.ndarray:
+    best_s = np.full((len(q), 10), -np.inf, np.float32)
+    best_i = np.zeros((len(q), 10), np.int64)
+    for start in range(0, len(x), CHUNK):
+        s = q @ x[start : start + CHUNK].T
+        top = np.argpartition(-s, 10, axis=1)[:, :10]
+        cand_s = np.concatenate([best_s, np.take_along_axis(s, top, 1)], axis=1)
+        cand_i = np.concatenate([best_i, top + start], axis=1)
+        order = np.argsort(-cand_s, axis=1)[:, :10]
+        best_s, best_i = np.take_along_axis(cand_s, order, 1), np.take_along_axis(cand_i, order, 1)
+    return best_i
+
+
+def _make_export(root: str) -> None:
+    import tensorflow as tf
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from service import HashedTextTower, TinyImageTower  # the service benchmark's stand-in towers (d = 128)
+
+    from ce_retrieval.serving.export import export_encoders
+
+    text, image = HashedTextTower(), TinyImageTower()
+    text(tf.constant(["x"]))
+    image(tf.constant([tf.io.encode_png(np.zeros((8, 8, 3), np.uint8)).numpy()]))
+    export_encoders(text, image, root, logit_scale=20.0)
+
+
+def part_prepare(args) -> dict:
+    w = args.workdir
+    os.makedirs(w, exist_ok=True)
+    t = time.perf_counter()
+    x = np.lib.format.open_memmap(os.path.join(w, "gallery.npy"), "w+", np.float32, (args.n, DIM))
+    for start, chunk in _gallery_chunks(args.n, args.seed):
+        x[start : start + len(chunk)] = chunk
+    x.flush()
+    q = next(_gallery_chunks(args.queries, args.seed + 1))[1]  # same centres (seeded by seed), new draws
+    q = np.asarray(q)
+    gen_s = time.perf_counter() - t
+    t = time.perf_counter()
+    truth = _exact_top10(np.load(os.path.join(w, "gallery.npy"), mmap_mode="r"), q)
+    exact_s = time.perf_counter() - t
+    np.save(os.path.join(w, "queries.npy"), q)
+    np.save(os.path.join(w, "truth.npy"), truth)
+    for name in ("single", "sharded"):
+        shutil.rmtree(os.path.join(w, name), ignore_errors=True)
+        _make_export(os.path.join(w, name))
+    return {"generate_s": gen_s, "exact_top10_s": exact_s, "peak_mb": _peak_mb()}
+
+
+def _load_gallery(w: str) -> np.ndarray:
+    return np.load(os.path.join(w, "gallery.npy"))  # in memory, as a build would receive it
+
+
+def part_single(args) -> dict:
+    from ce_retrieval.serving.index import build_index
+
+    x = _load_gallery(args.workdir)
+    base = _peak_mb()
+    t = time.perf_counter()
+    m = build_index(x, np.arange(len(x)), os.path.join(args.workdir, "single"), 1, thresholds=THRESHOLDS)
+    return {
+        "build_s": time.perf_counter() - t,
+        "peak_mb": _peak_mb(),
+        "peak_before_build_mb": base,
+        "build_recall_at_10": m["ann"]["recall_at_10"],
+        "params": m["params"],
+    }
+
+
+def part_sharded(args) -> dict:
+    from ce_retrieval.serving.sharded_index import build_sharded_index
+
+    x = _load_gallery(args.workdir)
+    base = _peak_mb()
+    t = time.perf_counter()
+    m = build_sharded_index(
+        x,
+        np.arange(len(x)),
+        os.path.join(args.workdir, "sharded"),
+        1,
+        num_shards=args.shards,
+        workers=args.workers,
+        thresholds=THRESHOLDS,
+    )
+    return {
+        "build_s": time.perf_counter() - t,
+        "peak_mb": _peak_mb(),
+        "peak_worker_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024.0,
+        "peak_before_build_mb": base,
+        "build_recall_at_10": m["ann"]["recall_at_10"],
+        "shards": [{k: s[k] for k in ("name", "num_items", "recall_at_10", "build_seconds")} for s in m["shards"]],
+    }
+
+
+def _recall(found: np.ndarray, truth: np.ndarray) -> float:
+    return float(np.mean([len(np.intersect1d(a[:10], b)) / 10.0 for a, b in zip(found, truth, strict=True)]))
+
+
+def _latencies(fn, queries: np.ndarray, seconds: float) -> np.ndarray:
+    out, t0, i = [], time.perf_counter(), 0
+    while time.perf_counter() - t0 < seconds:
+        t = time.perf_counter()
+        fn(queries[i % len(queries)][None, :])
+        out.append(time.perf_counter() - t)
+        i += 1
+    return np.array(out)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_healthy(url: str, timeout_s: float = 600.0) -> None:
+    import httpx
+
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        try:
+            if httpx.get(url + "/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{url} did not become healthy")
+
+
+def _http_load(url: str, captions: list[str], clients: int, seconds: float) -> dict:
+    import httpx
+
+    lat, errors, partial, stop = [], [], [], threading.Event()
+
+    def client(i):
+        with httpx.Client(base_url=url, timeout=30) as c:
+            j = i
+            while not stop.is_set():
+                t = time.perf_counter()
+                r = c.post("/search", json={"texts": [captions[j % len(captions)]], "k": 10})
+                if r.status_code == 200:
+                    lat.append(time.perf_counter() - t)
+                    if r.json().get("partial"):
+                        partial.append(1)
+                else:
+                    errors.append(r.status_code)
+                j += clients
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    t0 = time.perf_counter()
+    for th in threads:
+        th.start()
+    time.sleep(seconds)
+    stop.set()
+    for th in threads:
+        th.join(timeout=60)
+    ms = 1e3 * np.array(lat)
+    return {
+        "clients": clients,
+        "requests_per_s": len(lat) / (time.perf_counter() - t0),
+        "p50_ms": float(np.percentile(ms, 50)),
+        "p99_ms": float(np.percentile(ms, 99)),
+        "errors": len(errors),
+        "partial": len(partial),
+    }
+
+
+def part_search(args) -> dict:
+    from ce_retrieval.serving.gallery import GalleryIndex
+    from ce_retrieval.serving.service import create_app, serve_in_thread
+    from ce_retrieval.serving.sharded_index import load_index
+
+    w = args.workdir
+    q, truth = np.load(os.path.join(w, "queries.npy")), np.load(os.path.join(w, "truth.npy"))
+    single = GalleryIndex.load(os.path.join(w, "single", "index", "1"), mmap=True)
+    sharded = load_index(os.path.join(w, "sharded", "index", "1"), mmap=True)
+    out = {}
+    for name, index in (("single", single), ("sharded", sharded)):
+        ids, _ = index.topk(q, 10)
+        rows = np.asarray(ids)  # gallery ids are row numbers (np.arange)
+        out[f"{name}_recall_at_10"] = _recall(rows, truth)
+        index.topk(q[:20], 10)  # warm up
+        ms = 1e3 * _latencies(lambda v, index=index: index.topk(v, 10), q, args.seconds)
+        out[f"{name}_inprocess"] = {
+            "queries_per_s": len(ms) / (ms.sum() / 1e3),
+            "p50_ms": float(np.percentile(ms, 50)),
+            "p99_ms": float(np.percentile(ms, 99)),
+        }
+    del single, sharded
+
+    rng = np.random.default_rng(1)
+    words = "a the dog cat man woman child red blue green runs sits on under near big small tree car beach".split()
+    captions = [" ".join(rng.choice(words, size=rng.integers(3, 9))) for _ in range(2000)]
+    env = dict(os.environ, TF_USE_LEGACY_KERAS="1")
+    procs, urls = [], []
+    try:
+        for i in range(args.shards):
+            port = _free_port()
+            cmd = [sys.executable, "-m", "ce_retrieval.cli", "serve-shard", "--export_dir", os.path.join(w, "sharded")]
+            cmd += ["--shard", str(i), "--port", str(port), "--reload_interval", "0"]
+            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            urls.append(f"http://127.0.0.1:{port}")
+        for url in urls:
+            _wait_healthy(url)
+        shard_rss = []
+        for p in procs:
+            with open(f"/proc/{p.pid}/status") as f:
+                shard_rss += [int(line.split()[1]) / 1024.0 for line in f if line.startswith("VmRSS")]
+        out["shard_server_rss_mb"] = shard_rss
+        for name, app_kwargs in (
+            ("single", {"export_dir": os.path.join(w, "single")}),
+            ("router", {"export_dir": os.path.join(w, "sharded"), "shard_urls": urls, "shard_timeout_s": 5.0}),
+        ):
+            app = create_app(reload_interval_s=0, max_concurrency=8, timeout_s=30.0, **app_kwargs)
+            with serve_in_thread(app, startup_timeout_s=600) as url:
+                _http_load(url, captions, 2, 3.0)  # warm up
+                out[f"{name}_http"] = [_http_load(url, captions, c, args.seconds) for c in (1, 8)]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    return out
+
+
+PARTS = {"prepare": part_prepare, "single": part_single, "sharded": part_sharded, "search": part_search}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", type=int, default=10_000_000)
+    ap.add_argument("--shards", type=int, default=8)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--queries", type=int, default=1000)
+    ap.add_argument("--seconds", type=float, default=15.0, help="duration of each latency measurement")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--workdir", default="/tmp/ce_sharded_bench")
+    ap.add_argument("--parts", default="prepare,single,sharded,search")
+    ap.add_argument("--part", default=None, help=argparse.SUPPRESS)  # a child process runs one part
+    args = ap.parse_args()
+    if args.part:
+        result = PARTS[args.part](args)
+        print("RESULT " + json.dumps(result), flush=True)
+        return
+    results, load = {}, [os.getloadavg()]
+    for part in args.parts.split(","):
+        argv = [a for a in sys.argv[1:] if not a.startswith("--parts")]
+        t = time.perf_counter()
+        done = subprocess.run([sys.executable, __file__, *argv, "--part", part], capture_output=True, text=True)
+        if done.returncode != 0:
+            sys.exit(f"part {part} failed:\n{done.stderr[-3000:]}")
+        line = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")][-1]
+        results[part] = json.loads(line[len("RESULT ") :])
+        results[part]["wall_s"] = time.perf_counter() - t
+        load.append(os.getloadavg())
+        print(f"{part}: {results[part]}", file=sys.stderr, flush=True)
+    print(json.dumps({"args": vars(args), "load": load, "cpus": os.cpu_count(), "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
