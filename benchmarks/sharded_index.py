@@ -3,15 +3,17 @@
 Parts, each run in a child process of its own so that its peak memory is its own (``ru_maxrss``, children
 included for the sharded build's worker pool):
 
-* ``prepare``  a clustered gallery of N unit vectors (d = 128; 2,000 Gaussian clusters, noise 2x the centre
-  scale), 1,000 held-out queries from the same distribution, and their exact top-10 over the gallery
-  (chunked float32 matmul); two throw-away exports of a small hashed bag-of-words text tower (d = 128);
+* ``prepare``  a clustered gallery of N unit vectors (d = 128; 2,000 Gaussian clusters, isotropic noise of the
+  centres' scale: neighbours are mostly, not only, in the query's cluster), 1,000 held-out queries from the same
+  distribution and their exact top-10 over the gallery (part ``queries``: chunked float32 matmul); two throw-away
+  exports of a small hashed bag-of-words text tower (d = 128);
 * ``single``   ``build_index`` of the whole gallery (one ScaNN index);
 * ``sharded``  ``build_sharded_index`` with S shards and W build processes;
 * ``search``   recall@10 of both against exact search on the held-out queries; in-process latency of one query
   at a time (``GalleryIndex.topk`` vs ``ShardedIndex.topk``); then HTTP: ``ce-retrieval serve`` over the one
-  index vs the router ``serve --shard_urls`` in front of S ``serve-shard`` processes, all on 127.0.0.1, at
-  concurrency 1 and 8, posting one caption with k = 10 for a fixed time.
+  index vs the router ``serve --shard_urls`` in front of S ``serve-shard`` processes (one BLAS thread each), all
+  on 127.0.0.1, at concurrency 1 and 8, posting one caption with k = 10 for a fixed time;
+* ``leaves``   recall@10 and in-process latency of both at equal work (the same fraction of leaves searched).
 
     python benchmarks/sharded_index.py --n 10000000 --shards 8 --workers 2 --workdir /tmp/ce_sharded_bench
 
@@ -37,7 +39,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 
-DIM, CLUSTERS, CHUNK = 128, 2000, 500_000
+DIM, CLUSTERS, NOISE, CHUNK = 128, 2000, 1.0, 500_000
+EXACT_CHUNK = 100_000  # rows per exact-search block: a [queries, EXACT_CHUNK] float32 score block
 THRESHOLDS = {"0.5": 0.3, "0.8": 0.5, "0.9": 0.6}
 
 
@@ -53,7 +56,7 @@ def _gallery_chunks(n: int, seed: int):
     for start in range(0, n, CHUNK):
         rng = np.random.default_rng([seed, start])
         rows = min(CHUNK, n - start)
-        x = centers[rng.integers(0, CLUSTERS, rows)] + 2.0 * rng.standard_normal((rows, DIM), dtype=np.float32)
+        x = centers[rng.integers(0, CLUSTERS, rows)] + NOISE * rng.standard_normal((rows, DIM), dtype=np.float32)
         x /= np.linalg.norm(x, axis=1, keepdims=True)
         yield start, x
 
@@ -61,8 +64,8 @@ def _gallery_chunks(n: int, seed: int):
 def _exact_top10(x: np.ndarray, q: np.ndarray) -> np.ndarray:
     best_s = np.full((len(q), 10), -np.inf, np.float32)
     best_i = np.zeros((len(q), 10), np.int64)
-    for start in range(0, len(x), CHUNK):
-        s = q @ x[start : start + CHUNK].T
+    for start in range(0, len(x), EXACT_CHUNK):
+        s = q @ np.asarray(x[start : start + EXACT_CHUNK]).T
         top = np.argpartition(-s, 10, axis=1)[:, :10]
         cand_s = np.concatenate([best_s, np.take_along_axis(s, top, 1)], axis=1)
         cand_i = np.concatenate([best_i, top + start], axis=1)
@@ -93,22 +96,30 @@ def part_prepare(args) -> dict:
     for start, chunk in _gallery_chunks(args.n, args.seed):
         x[start : start + len(chunk)] = chunk
     x.flush()
-    q = next(_gallery_chunks(args.queries, args.seed + 1))[1]  # same centres (seeded by seed), new draws
-    q = np.asarray(q)
     gen_s = time.perf_counter() - t
-    t = time.perf_counter()
-    truth = _exact_top10(np.load(os.path.join(w, "gallery.npy"), mmap_mode="r"), q)
-    exact_s = time.perf_counter() - t
-    np.save(os.path.join(w, "queries.npy"), q)
-    np.save(os.path.join(w, "truth.npy"), truth)
     for name in ("single", "sharded"):
         shutil.rmtree(os.path.join(w, name), ignore_errors=True)
         _make_export(os.path.join(w, name))
-    return {"generate_s": gen_s, "exact_top10_s": exact_s, "peak_mb": _peak_mb()}
+    return dict(part_queries(args), generate_s=gen_s, peak_mb=_peak_mb())
+
+
+def part_queries(args) -> dict:
+    """Held-out queries: new draws around the gallery's own centres, and their exact top-10 over the gallery."""
+    w = args.workdir
+    centers = np.random.default_rng(args.seed).normal(size=(CLUSTERS, DIM)).astype(np.float32)
+    rng = np.random.default_rng([args.seed, 2**32 - 1])  # a stream no gallery chunk uses
+    q = centers[rng.integers(0, CLUSTERS, args.queries)] + NOISE * rng.standard_normal((args.queries, DIM), np.float32)
+    q /= np.linalg.norm(q, axis=1, keepdims=True)
+    t = time.perf_counter()
+    truth = _exact_top10(np.load(os.path.join(w, "gallery.npy"), mmap_mode="r"), q)
+    np.save(os.path.join(w, "queries.npy"), q)
+    np.save(os.path.join(w, "truth.npy"), truth)
+    return {"exact_top10_s": time.perf_counter() - t}
 
 
 def _load_gallery(w: str) -> np.ndarray:
-    return np.load(os.path.join(w, "gallery.npy"))  # in memory, as a build would receive it
+    # memory-mapped: the builds copy what they keep, so the input's pages stay reclaimable page cache
+    return np.load(os.path.join(w, "gallery.npy"), mmap_mode="r")
 
 
 def part_single(args) -> dict:
@@ -250,7 +261,9 @@ def part_search(args) -> dict:
     rng = np.random.default_rng(1)
     words = "a the dog cat man woman child red blue green runs sits on under near big small tree car beach".split()
     captions = [" ".join(rng.choice(words, size=rng.integers(3, 9))) for _ in range(2000)]
-    env = dict(os.environ, TF_USE_LEGACY_KERAS="1")
+    # One BLAS/TensorFlow thread per shard server: S servers share this machine's cores (in production each has a
+    # machine of its own), and idle OpenBLAS threads spinning in S processes would measure the contention.
+    env = dict(os.environ, TF_USE_LEGACY_KERAS="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     procs, urls = [], []
     try:
         for i in range(args.shards):
@@ -281,7 +294,43 @@ def part_search(args) -> dict:
     return out
 
 
-PARTS = {"prepare": part_prepare, "single": part_single, "sharded": part_sharded, "search": part_search}
+def part_leaves(args) -> dict:
+    """Recall@10 and one-query latency in-process at equal work: both indexes searching the same fraction of their
+    leaves (the sharded one in every shard), 1 % to 8 %."""
+    from ce_retrieval.serving.gallery import GalleryIndex
+    from ce_retrieval.serving.sharded_index import load_index
+
+    w = args.workdir
+    q, truth = np.load(os.path.join(w, "queries.npy")), np.load(os.path.join(w, "truth.npy"))
+    single = GalleryIndex.load(os.path.join(w, "single", "index", "1"), mmap=True)
+    sharded = load_index(os.path.join(w, "sharded", "index", "1"), mmap=True)
+    rows = []
+    for fraction in (0.01, 0.02, 0.04, 0.08):
+        row = {"fraction": fraction}
+        for name, index in (("single", single), ("sharded", sharded)):
+            first = index if name == "single" else index.shards[0]
+            leaves = max(1, round(fraction * first.manifest["params"]["num_leaves"]))
+            ids, _ = index.topk(q, 10, leaves_to_search=leaves)
+            ms = 1e3 * _latencies(lambda v, i=index, n=leaves: i.topk(v, 10, leaves_to_search=n), q, args.seconds / 4)
+            row[name] = {
+                "leaves": leaves,
+                "recall_at_10": _recall(np.asarray(ids), truth),
+                "queries_per_s": len(ms) / (ms.sum() / 1e3),
+                "p50_ms": float(np.percentile(ms, 50)),
+                "p99_ms": float(np.percentile(ms, 99)),
+            }
+        rows.append(row)
+    return {"rows": rows}
+
+
+PARTS = {
+    "prepare": part_prepare,
+    "queries": part_queries,
+    "single": part_single,
+    "sharded": part_sharded,
+    "search": part_search,
+    "leaves": part_leaves,
+}
 
 
 def main() -> None:
@@ -293,7 +342,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=15.0, help="duration of each latency measurement")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workdir", default="/tmp/ce_sharded_bench")
-    ap.add_argument("--parts", default="prepare,single,sharded,search")
+    ap.add_argument("--parts", default="prepare,single,sharded,search,leaves")
     ap.add_argument("--part", default=None, help=argparse.SUPPRESS)  # a child process runs one part
     args = ap.parse_args()
     if args.part:
@@ -302,7 +351,7 @@ def main() -> None:
         return
     results, load = {}, [os.getloadavg()]
     for part in args.parts.split(","):
-        argv = [a for a in sys.argv[1:] if not a.startswith("--parts")]
+        argv = [f"--{k}={v}" for k, v in vars(args).items() if k not in ("parts", "part")]
         t = time.perf_counter()
         done = subprocess.run([sys.executable, __file__, *argv, "--part", part], capture_output=True, text=True)
         if done.returncode != 0:

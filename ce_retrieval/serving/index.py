@@ -145,7 +145,9 @@ def check_gallery(embeddings, ids, embedding_dim: int, version: int | None = Non
         raise ValueError(f"ids must have shape ({len(x)},), got {ids.shape}")
     if len(np.unique(ids)) != len(ids):
         raise ValueError("gallery ids must be unique")
-    norms = np.linalg.norm(x, axis=1)
+    # in blocks: a whole-gallery x * x temporary would double the memory of a large build
+    block = 1 << 18
+    norms = np.concatenate([np.linalg.norm(x[i : i + block], axis=1) for i in range(0, len(x), block)])
     if not np.all(np.isfinite(norms)) or np.max(np.abs(norms - 1.0)) > 1e-3:
         raise ValueError("gallery embeddings must be finite and L2-normalised (use the exported image encoder)")
     return x, ids
