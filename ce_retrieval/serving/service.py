@@ -31,7 +31,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from ce_retrieval.serving import layout
@@ -215,6 +215,34 @@ def _parse_search(body: bytes, searcher, limits: dict) -> dict:
     return out
 
 
+def reloading_lifespan(reload, interval_s: float, thread_name: str, on_stop=None) -> Callable:
+    """A FastAPI lifespan shared by the service and the shard server: ``reload()`` once at start-up, then every
+    ``interval_s`` seconds in a daemon thread (0: never) until shutdown, then ``on_stop()``. A failing poll is
+    ignored here: the holder records and logs it, and keeps serving what it has."""
+    stop = threading.Event()
+
+    def watch():
+        while not stop.wait(interval_s):
+            with contextlib.suppress(Exception):
+                reload()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        from starlette.concurrency import run_in_threadpool
+
+        await run_in_threadpool(reload)
+        if interval_s > 0:
+            threading.Thread(target=watch, name=thread_name, daemon=True).start()
+        try:
+            yield
+        finally:
+            stop.set()
+            if on_stop is not None:
+                on_stop()
+
+    return lifespan
+
+
 def create_app(
     export_dir: str,
     *,
@@ -260,25 +288,9 @@ def create_app(
         "max_text_chars": max_text_chars,
         "default_k": default_k,
     }
-    stop = threading.Event()
-
-    def watch():
-        while not stop.wait(reload_interval_s):
-            with contextlib.suppress(Exception):
-                holder.reload()
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app):
-        await run_in_threadpool(holder.reload)
-        watcher = threading.Thread(target=watch, name="ce-retrieval-reload", daemon=True)
-        if reload_interval_s > 0:
-            watcher.start()
-        try:
-            yield
-        finally:
-            stop.set()
-            if router is not None:
-                router.close()
+    lifespan = reloading_lifespan(
+        holder.reload, reload_interval_s, "ce-retrieval-reload", on_stop=None if router is None else router.close
+    )
 
     app = FastAPI(title="ce_retrieval", version=__import__("ce_retrieval").__version__, lifespan=lifespan)
     app.state.holder, app.state.metrics, app.state.router = holder, metrics, router

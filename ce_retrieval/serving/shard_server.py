@@ -31,7 +31,6 @@ loaded yet).
 import asyncio
 import base64
 import binascii
-import contextlib
 import logging
 import os
 import threading
@@ -292,27 +291,13 @@ def create_shard_app(
         error_response,
         install_error_shape,
         read_body,
+        reloading_lifespan,
     )
 
     metrics = Metrics()
     holder = ShardHolder(export_dir, shard, metrics, keep_versions)
     limits = {"max_queries": max_queries, "max_k": max_k, "max_results": max_results}
-    stop = threading.Event()
-
-    def watch():
-        while not stop.wait(reload_interval_s):
-            with contextlib.suppress(Exception):
-                holder.reload()
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app):
-        await run_in_threadpool(holder.reload)
-        if reload_interval_s > 0:
-            threading.Thread(target=watch, name=f"ce-retrieval-shard-{shard}-reload", daemon=True).start()
-        try:
-            yield
-        finally:
-            stop.set()
+    lifespan = reloading_lifespan(holder.reload, reload_interval_s, f"ce-retrieval-shard-{shard}-reload")
 
     version = __import__("ce_retrieval").__version__
     app = FastAPI(title=f"ce_retrieval shard {shard}", version=version, lifespan=lifespan)
