@@ -474,19 +474,16 @@ def _build(pipeline: beam.Pipeline, src: GallerySource, tmp: str, model_dir: str
     """Adds the embedding steps to ``pipeline``; they write into the temporary folder ``tmp``."""
     on_corrupt, num_shards = cfg["on_corrupt"], cfg["num_shards"]
     corrupt = []
-    if src.kind == "tfrecord":
+    readers = {
+        "tfrecord": ("TFRecord files", lambda: list(src.files), "Read records", _ReadTFRecordFile),
+        "files": ("Image paths", lambda: list(src.items), "Read files", _ReadImageFile),
+    }
+    if src.kind in readers:
+        inputs_label, inputs, read_label, reader = readers[src.kind]
         read = (
             pipeline
-            | "TFRecord files" >> beam.Create(list(src.files))
-            | "Read records" >> beam.ParDo(_ReadTFRecordFile(on_corrupt)).with_outputs(_CORRUPT, main="records")
-        )
-        records = read.records
-        corrupt.append(read[_CORRUPT])
-    elif src.kind == "files":
-        read = (
-            pipeline
-            | "Image paths" >> beam.Create(list(src.items))
-            | "Read files" >> beam.ParDo(_ReadImageFile(on_corrupt)).with_outputs(_CORRUPT, main="records")
+            | inputs_label >> beam.Create(inputs())
+            | read_label >> beam.ParDo(reader(on_corrupt)).with_outputs(_CORRUPT, main="records")
         )
         records = read.records
         corrupt.append(read[_CORRUPT])

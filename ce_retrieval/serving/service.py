@@ -155,13 +155,20 @@ def install_error_shape(app) -> None:
         return JSONResponse({"error": reason, "status": exc.status_code}, exc.status_code, headers=exc.headers)
 
 
-def _parse_search(body: bytes, searcher, limits: dict) -> dict:
+def parse_object(body: bytes, fields: set[str]) -> dict:
+    """The body as a JSON object holding only ``fields`` (the service's and the shard server's request shape);
+    ``RequestError`` 400 for malformed JSON, 422 for another shape or an unknown field."""
     req = parse_json(body)
     if not isinstance(req, dict):
         raise RequestError(422, "the body must be a JSON object")
-    unknown = sorted(set(req) - SEARCH_FIELDS)
+    unknown = sorted(set(req) - fields)
     if unknown:
-        raise RequestError(422, f"unknown field(s): {', '.join(unknown)}; allowed: {', '.join(sorted(SEARCH_FIELDS))}")
+        raise RequestError(422, f"unknown field(s): {', '.join(unknown)}; allowed: {', '.join(sorted(fields))}")
+    return req
+
+
+def _parse_search(body: bytes, searcher, limits: dict) -> dict:
+    req = parse_object(body, SEARCH_FIELDS)
     texts = req.get("texts")
     if not isinstance(texts, list) or not texts:
         raise RequestError(422, "'texts' must be a non-empty list of strings")

@@ -95,14 +95,9 @@ def _decode_lists(rows, dim: int) -> np.ndarray:
 def parse_shard_search(body: bytes, indexes: dict, shard: int, limits: dict) -> dict:
     """Validates a ``/shard/search`` body against the loaded ``indexes`` (version -> GalleryIndex); returns
     ``{"version", "index", "queries", "k", "threshold", "limit"}`` or raises ``RequestError``."""
-    from ce_retrieval.serving.service import RequestError, parse_json
+    from ce_retrieval.serving.service import RequestError, parse_object
 
-    req = parse_json(body)
-    if not isinstance(req, dict):
-        raise RequestError(422, "the body must be a JSON object")
-    unknown = sorted(set(req) - SEARCH_FIELDS)
-    if unknown:
-        raise RequestError(422, f"unknown field(s): {', '.join(unknown)}; allowed: {', '.join(sorted(SEARCH_FIELDS))}")
+    req = parse_object(body, SEARCH_FIELDS)
     version = req.get("version")
     if isinstance(version, bool) or not isinstance(version, int):
         raise RequestError(422, "'version' must be an integer (the index version to search)")
