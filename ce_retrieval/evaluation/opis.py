@@ -38,7 +38,7 @@ import numpy as np
 from ce_retrieval.evaluation._arrays import block_rows, check_pair, positive_pairs
 from ce_retrieval.evaluation.calibration import DEFAULT_BLOCK_ELEMENTS
 
-__all__ = ["calibration_range", "operating_point_inconsistency", "opis"]
+__all__ = ["calibration_range", "operating_point_inconsistency", "opis", "opis_summary"]
 
 
 def calibration_range(threshold_at_precision: dict) -> dict | None:
@@ -170,6 +170,16 @@ def operating_point_inconsistency(
         "range": span,
         "t2i": opis(query_emb, doc_emb, query_ids, doc_ids, span, block_size),
         "i2t": opis(doc_emb, query_emb, doc_ids, query_ids, span, block_size),
+    }
+
+
+def opis_summary(both: dict | None) -> dict:
+    """Flat figures of an :func:`operating_point_inconsistency` result: ``opis`` (caption queries, the direction of
+    the other calibration figures) and ``i2t_opis`` (image queries); None where unavailable."""
+    both = both or {}
+    return {
+        "opis": (both.get("t2i") or {}).get("opis"),
+        "i2t_opis": (both.get("i2t") or {}).get("opis"),
     }
 
 

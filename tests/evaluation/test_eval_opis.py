@@ -1,10 +1,20 @@
 """OPIS (operating-point inconsistency) against brute force: plain loops over queries, float64, on every constant
-piece and on a fine threshold grid; hand-made values; the calibration range."""
+piece and on a fine threshold grid; hand-made values; the calibration range; the figure in evaluate JSONs, the
+report and the callback."""
+
+import json
+import re
 
 import numpy as np
 import pytest
+import tf_keras
+from _eval_standins import TwoTowerStandIn, make_split, train_dataset
 
+from ce_retrieval import cli
 from ce_retrieval.evaluation.calibration import global_pr_auc
+from ce_retrieval.evaluation.callback import RetrievalEvaluationCallback
+from ce_retrieval.evaluation.embed import embed_split
+from ce_retrieval.evaluation.evaluate import evaluate_embeddings, evaluate_model, summary
 from ce_retrieval.evaluation.opis import calibration_range, operating_point_inconsistency, opis
 from ce_retrieval.evaluation.transfer import RELIABILITY_LEVELS
 
@@ -159,3 +169,79 @@ def test_opis_rejects_bad_ranges(rng):
     for bad in [(1.0, 1.0), (2.0, 1.0), (0.0, float("inf")), "ab", None]:
         with pytest.raises(ValueError, match="threshold_range"):
             opis(q, d, [0, 1], [0, 1], bad)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# evaluate, report, callback
+
+
+def _expected(q, d, qi, di):
+    thresholds = global_pr_auc(q, d, qi, di, target_precisions=RELIABILITY_LEVELS)["threshold_at_precision"]
+    return operating_point_inconsistency(q, d, qi, di, thresholds)
+
+
+def test_evaluate_embeddings_reports_opis_both_ways(rng):
+    s, qi, di = _case(rng, 40, 30, num_ids=25)
+    q, d = _scores_as_embeddings(s)
+    metrics = evaluate_embeddings(q, d, qi, di)
+    expected = _expected(q, d, qi, di)
+    assert metrics["opis"] == expected and expected["t2i"]["opis"] > 0 and expected["i2t"]["opis"] > 0
+    assert set(metrics["calibration"]["threshold_at_precision"]) == {f"{c:g}" for c in RELIABILITY_LEVELS}
+    s = summary(metrics)
+    assert s["opis"] == expected["t2i"]["opis"] and s["i2t_opis"] == expected["i2t"]["opis"]
+
+
+@pytest.fixture
+def towers():
+    model = TwoTowerStandIn()
+    split = make_split(num_images=16, captions_per_image=2, seed=1, name="synthetic/test")
+    model(next(iter(train_dataset(split))))  # build
+    return model, split
+
+
+def test_evaluate_model_json_holds_opis(towers, tmp_path):
+    model, split = towers
+    evaluate_model(model.text_encoder, model.image_encoder, split, output_dir=str(tmp_path), batch_size=8, plots=False)
+    doc = json.loads((tmp_path / "eval_test.json").read_text())
+    q, d, qi, di = embed_split(model.text_encoder, model.image_encoder, split, batch_size=8)
+    expected = _expected(q, d, qi, di)
+    assert doc["metrics"]["opis"]["range"] == expected["range"]
+    assert doc["metrics"]["opis"]["t2i"]["num_queries"] == 32 and doc["metrics"]["opis"]["i2t"]["num_queries"] == 16
+    assert doc["summary"]["opis"] == pytest.approx(expected["t2i"]["opis"])
+    assert doc["summary"]["i2t_opis"] == pytest.approx(expected["i2t"]["opis"])
+
+
+def test_report_shows_the_opis_column(tmp_path, capsys):
+    files = []
+    for k, (run, value) in enumerate([("A", 0.012), ("A", 0.014), ("B", None)]):
+        path = tmp_path / f"r{k}.json"
+        path.write_text(json.dumps({"run_name": run, "summary": {"pr_auc": 0.2, "opis": value}}))
+        files.append(str(path))
+    md = tmp_path / "t.md"
+    assert cli.main(["report", *files, "--markdown", str(md)]) == 0
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if line.startswith("Run"))
+    assert re.split(r"\s{2,}", header.strip())[-2:] == ["rel.spread", "OPIS"]
+    row = {line.split()[0]: re.split(r"\s{2,}", line.strip()) for line in out.splitlines() if line[:2] in ("A ", "B ")}
+    assert row["A"][-1] == "13.00 ± 1.41" and row["B"][-1] == "-"  # x 10^3, mean ± sample std over the seeds
+    assert "OPIS:" in out and "lower = more threshold-consistent" in out
+    text = md.read_text()
+    assert "| Rel. thr. spread | OPIS (×10⁻³) |" in text and "| 13.00 ± 1.41 |" in text
+
+
+def test_callback_logs_opis(towers):
+    model, split = towers
+    callback = RetrievalEvaluationCallback(split, batch_size=8)
+    callback.set_model(model)
+    got = callback.evaluate()
+    q, d, qi, di = embed_split(model.text_encoder, model.image_encoder, split, batch_size=8)
+    expected = _expected(q, d, qi, di)
+    assert expected["range"] is not None and got["opis"] > 0 and got["i2t_opis"] > 0
+    assert got["opis"] == pytest.approx(expected["t2i"]["opis"])
+    assert got["i2t_opis"] == pytest.approx(expected["i2t"]["opis"])
+    model.compile(optimizer=tf_keras.optimizers.Adam(0.01))
+    history = model.fit(train_dataset(split), epochs=1, verbose=0, callbacks=[RetrievalEvaluationCallback(split)])
+    assert {"val_opis", "val_i2t_opis"} <= set(history.history)
+    off = RetrievalEvaluationCallback(split, pr_auc=False)
+    off.set_model(model)
+    assert "opis" not in off.evaluate()
