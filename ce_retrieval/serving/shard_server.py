@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ce_retrieval.serving import layout
+from ce_retrieval.serving.assignment import shard_name, shard_of
 from ce_retrieval.serving.gallery import SHARDED_FORMAT, GalleryIndex, IndexMismatchError, check_compatible
 from ce_retrieval.serving.http_app import (
     RequestError,
@@ -44,7 +45,6 @@ from ce_retrieval.serving.http_app import (
     reloading_lifespan,
 )
 from ce_retrieval.serving.metrics import Metrics
-from ce_retrieval.serving.sharded_index import shard_name, shard_of
 from ce_retrieval.serving.wire import (
     SEARCH_FIELDS,
     SEARCH_PATH,

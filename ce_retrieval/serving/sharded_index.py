@@ -12,9 +12,9 @@ into S disjoint shards, each an ordinary index folder (``ce_retrieval.index/1``,
 
 Why each piece:
 
-* **Assignment** ``shard = splitmix64(uint64(id)) mod S`` depends on the gallery id only, so an id always lands
-  in the same shard (a rebuild, an incremental build or a router can compute it without a lookup table), and
-  splitmix64 spreads consecutive ids evenly. The id is read as its two's-complement uint64 (so -1 is 2^64 - 1).
+* **Assignment** ``shard = splitmix64(uint64(id)) mod S`` (:mod:`ce_retrieval.serving.assignment`, shared with the
+  Beam pipeline) depends on the gallery id only, so an id always lands in the same shard (a rebuild, an incremental
+  build or a router can compute it without a lookup table), and splitmix64 spreads consecutive ids evenly.
 * **Exact merge** (:mod:`ce_retrieval.serving.merge`): scores are absolute calibrated cosines, so the global top-k
   is the top-k of the shards' top-k lists and a threshold answer is the union of the shards' answers. Brute-force
   shards therefore give exactly the single-index answer; ScaNN shards give the merge of their own ANN answers.
@@ -43,6 +43,7 @@ import numpy as np
 from ce_retrieval.evaluation.ann import IndexParams
 from ce_retrieval.evaluation.search import exact_search
 from ce_retrieval.serving import layout
+from ce_retrieval.serving.assignment import SHARD_ASSIGNMENT, shard_name, shard_of, splitmix64
 from ce_retrieval.serving.gallery import (
     INDEX_FORMAT,
     SHARDED_FORMAT,
@@ -76,35 +77,11 @@ __all__ = [
     "splitmix64",
 ]
 
-SHARD_ASSIGNMENT = (
-    "shard = splitmix64(uint64(id)) mod num_shards; splitmix64(x): z = x + 0x9E3779B97F4A7C15; "
-    "z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9; z = (z ^ (z >> 27)) * 0x94D049BB133111EB; z ^ (z >> 31) "
-    "(all mod 2^64; a negative id is read as its two's complement)"
-)
 _INPUTS_DIR = ".inputs"  # shard inputs for the workers, inside the temporary version folder; removed before publish
 
 
 class ShardBuildError(RuntimeError):
     """Building one shard failed (the message names it); nothing was published."""
-
-
-def splitmix64(ids) -> np.ndarray:
-    """The splitmix64 finaliser of each id (uint64 [n]); ``splitmix64(0) == 0xE220A8397B1DCDAF``."""
-    z = np.ascontiguousarray(ids, dtype=np.int64).view(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
-
-
-def shard_of(ids, num_shards: int) -> np.ndarray:
-    """Shard index (int64 [n]) of each gallery id: ``splitmix64(uint64(id)) mod num_shards``."""
-    if int(num_shards) < 1:
-        raise ValueError(f"num_shards must be >= 1, got {num_shards}")
-    return (splitmix64(np.atleast_1d(ids)) % np.uint64(num_shards)).astype(np.int64)
-
-
-def shard_name(i: int, num_shards: int) -> str:
-    return f"shard-{int(i):05d}-of-{int(num_shards):05d}"
 
 
 # ------------------------------------------------------------------------------------------------------ build
