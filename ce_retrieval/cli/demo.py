@@ -47,7 +47,6 @@ def run(args) -> int:
     from ce_retrieval.evaluation.calibration import global_pr_auc
     from ce_retrieval.evaluation.embed import embed_split, embed_strings
     from ce_retrieval.evaluation.evaluate import evaluate_model
-    from ce_retrieval.serving.export import export_encoders
     from ce_retrieval.serving.index import build_index
     from ce_retrieval.serving.searcher import Searcher
     from ce_retrieval.training import load_trained
@@ -109,13 +108,7 @@ def run(args) -> int:
         side_by_side(reports, {cfg.loss.name: model, baseline: base_model}, test, eval_dir)
 
     _stage(step + 1, stages, "export", f"SavedModels for TF Serving -> {export_dir}")
-    paths = export_encoders(
-        model.text_encoder,
-        model.image_encoder,
-        export_dir,
-        metadata={"config": configs.to_dict(cfg), "checkpoint": getattr(model, "checkpoint_path", None)},
-        logit_scale=float(cfg.model.logit_scale),
-    )
+    paths = export_trained(cfg, model, export_dir)
     print(f"[demo] exported version {paths.version}: {paths.text_encoder}, {paths.image_encoder}")
 
     _stage(step + 2, stages, "index", "ScaNN index of the test gallery, thresholds calibrated on the validation split")
@@ -177,6 +170,16 @@ def run(args) -> int:
             print("\n[demo] no precision level was reached on the validation split, so no calibrated threshold exists")
     print(f"\n[demo] done in {time.perf_counter() - t0:.0f} s. Artefacts under {workdir}")
     return 0 if np.isfinite(report["summary"]["pr_auc"]) else 1
+
+
+def export_trained(cfg, model, export_dir: str):
+    """The demo's export stage: the towers with the model's own (learned) λ, as ``ce-retrieval export`` writes
+    them (:func:`ce_retrieval.serving.export.export_model`), never the configured initial ``cfg.model.logit_scale``."""
+    from ce_retrieval import configs
+    from ce_retrieval.serving.export import export_model
+
+    metadata = {"config": configs.to_dict(cfg), "checkpoint": getattr(model, "checkpoint_path", None)}
+    return export_model(model, export_dir, metadata=metadata)
 
 
 def _stage(i: int, total: int, name: str, what: str) -> None:
