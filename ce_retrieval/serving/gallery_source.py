@@ -17,10 +17,10 @@ import os
 
 import numpy as np
 
-from ce_retrieval.configs.base import from_dict
 from ce_retrieval.data.config import SPLITS, DataConfig
 from ce_retrieval.data.report import DataError, image_problem
 from ce_retrieval.data.schema import IMAGE, IMAGE_ID
+from ce_retrieval.utils.dataclass_yaml import from_dict
 
 __all__ = [
     "IMAGE_SUFFIXES",
