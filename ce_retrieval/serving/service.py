@@ -171,18 +171,12 @@ def create_app(
     With ``shard_urls`` (shard server base URLs, URL i serving shard i) it is a router: the text encoder and the
     sharded index's manifest come from ``export_dir``, the searches go to the shard servers, each under a
     deadline of ``shard_timeout_s`` (which must be shorter than the request deadline ``timeout_s``)."""
-    from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse, PlainTextResponse
-    from starlette.concurrency import run_in_threadpool
+    from fastapi import FastAPI
 
     metrics = Metrics()
     router, candidates = None, None
     if shard_urls:
-        if not 0 < shard_timeout_s < timeout_s:
-            raise ValueError(
-                f"shard_timeout_s ({shard_timeout_s:g} s) must be positive and shorter than timeout_s ({timeout_s:g} s)"
-            )
-        router = ShardRouter(export_dir, shard_urls, timeout_s=shard_timeout_s, max_concurrency=max_concurrency)
+        router = _shard_router(export_dir, shard_urls, shard_timeout_s, timeout_s, max_concurrency)
         loader, candidates = loader or router.load, router.ready_versions
         metrics.inc("ce_partial_responses_total", 0)
     holder = SearcherHolder(export_dir, metrics, loader, candidates)
@@ -199,8 +193,29 @@ def create_app(
 
     app = FastAPI(title="ce_retrieval", version=__import__("ce_retrieval").__version__, lifespan=lifespan)
     app.state.holder, app.state.metrics, app.state.router = holder, metrics, router
-    gate = asyncio.Semaphore(max_concurrency)
     install_error_shape(app)
+    _observe_requests(app, metrics)
+    _add_search_route(
+        app, holder, limits, max_body_bytes=max_body_bytes, timeout_s=timeout_s, gate_size=max_concurrency
+    )
+    _add_status_routes(app, holder, router)
+    return app
+
+
+def _shard_router(
+    export_dir: str, shard_urls: list[str], shard_timeout_s: float, timeout_s: float, max_concurrency: int
+) -> ShardRouter:
+    """The router over ``shard_urls``; its per-shard deadline must fit inside the request deadline."""
+    if not 0 < shard_timeout_s < timeout_s:
+        raise ValueError(
+            f"shard_timeout_s ({shard_timeout_s:g} s) must be positive and shorter than timeout_s ({timeout_s:g} s)"
+        )
+    return ShardRouter(export_dir, shard_urls, timeout_s=shard_timeout_s, max_concurrency=max_concurrency)
+
+
+def _observe_requests(app, metrics: Metrics) -> None:
+    """Middleware: in-flight gauge, and per request its path (known ones by name), status and latency."""
+    from fastapi import Request
 
     @app.middleware("http")
     async def observe(request: Request, call_next):
@@ -213,6 +228,18 @@ def create_app(
         path = request.url.path if request.url.path in {"/search", "/healthz", "/metrics", "/admin/reload"} else "other"
         metrics.observe(path, response.status_code, time.perf_counter() - start)
         return response
+
+
+def _add_search_route(
+    app, holder: SearcherHolder, limits: dict, *, max_body_bytes: int, timeout_s: float, gate_size: int
+) -> None:
+    """``POST /search``: validate, run on the pinned searcher in a worker thread under ``timeout_s`` with at most
+    ``gate_size`` searches at once, answer with :func:`_search_payload`."""
+    from fastapi import Request
+    from fastapi.responses import JSONResponse
+    from starlette.concurrency import run_in_threadpool
+
+    metrics, gate = holder.metrics, asyncio.Semaphore(gate_size)
 
     @app.post("/search")
     async def search(request: Request):
@@ -246,60 +273,78 @@ def create_app(
         except ShardsUnavailableError as exc:  # not one shard answered: nothing to return, not even partially
             metrics.inc("ce_shard_unavailable_total")
             return error_response(503, str(exc), shards=exc.coverage.to_json())
-        payload = {
-            "version": searcher.version,
-            "took_ms": round(1000 * (time.perf_counter() - start), 3),
-            "results": [dict(text=t, **r.to_json(coverage=False)) for t, r in zip(req["texts"], results, strict=True)],
-        }
-        coverage = results[0].coverage if results else None  # one fan-out per request: the same for every text
-        if coverage is not None:
-            payload["partial"] = coverage.partial
-            payload["shards"] = coverage.to_json()
-            if coverage.partial:
-                metrics.inc("ce_partial_responses_total")
-        if req["k"] is not None:
-            payload["k"] = req["k"]
-        else:
-            payload["threshold"] = (
-                req["threshold"] if req["precision"] is None else searcher.threshold_for_precision(req["precision"])
-            )
-            if req["precision"] is not None:
-                payload["precision"] = req["precision"]
-        return JSONResponse(payload)
+        took_ms = round(1000 * (time.perf_counter() - start), 3)
+        return JSONResponse(_search_payload(req, searcher, results, took_ms, metrics))
+
+
+def _search_payload(req: dict, searcher, results: list, took_ms: float, metrics: Metrics) -> dict:
+    """The ``/search`` answer: hits per text, the mode (k, or the threshold and the precision it came from) and,
+    for a sharded index, which shards answered (``partial`` counted in the metrics)."""
+    payload = {
+        "version": searcher.version,
+        "took_ms": took_ms,
+        "results": [dict(text=t, **r.to_json(coverage=False)) for t, r in zip(req["texts"], results, strict=True)],
+    }
+    coverage = results[0].coverage if results else None  # one fan-out per request: the same for every text
+    if coverage is not None:
+        payload["partial"] = coverage.partial
+        payload["shards"] = coverage.to_json()
+        if coverage.partial:
+            metrics.inc("ce_partial_responses_total")
+    if req["k"] is not None:
+        payload["k"] = req["k"]
+    else:
+        payload["threshold"] = (
+            req["threshold"] if req["precision"] is None else searcher.threshold_for_precision(req["precision"])
+        )
+        if req["precision"] is not None:
+            payload["precision"] = req["precision"]
+    return payload
+
+
+def _health_body(holder: SearcherHolder, router: ShardRouter | None) -> tuple[dict, int]:
+    """``/healthz``: the served version and its index (200), or ``loading`` and the last error (503); a router adds
+    its shard servers' state."""
+    s = holder.searcher
+    shards = None if router is None else router.health_json()
+    if s is None:
+        body = {"status": "loading", "error": holder.last_error}
+        if shards is not None:
+            body["shards"] = shards
+        return body, 503
+    body = {
+        "status": "ok",
+        "version": s.version,
+        "gallery_size": len(s.index),
+        "index": s.index.manifest.get("kind") or "sharded",
+        "embedding_dim": s.index.dim,
+        "calibrated_precisions": sorted(s.thresholds),
+        "last_error": holder.last_error,
+    }
+    num_shards = s.num_shards
+    if num_shards is not None:
+        body["num_shards"] = num_shards
+    if shards is not None:
+        body["mode"], body["shards"] = "router", shards
+    return body, 200
+
+
+def _add_status_routes(app, holder: SearcherHolder, router: ShardRouter | None) -> None:
+    """``GET /healthz``, ``GET /metrics`` (Prometheus text) and ``POST /admin/reload``."""
+    from fastapi.responses import JSONResponse, PlainTextResponse
+    from starlette.concurrency import run_in_threadpool
 
     @app.get("/healthz")
     async def healthz():
-        s = holder.searcher
-        shards = None if router is None else router.health_json()
-        if s is None:
-            body = {"status": "loading", "error": holder.last_error}
-            if shards is not None:
-                body["shards"] = shards
-            return JSONResponse(body, status_code=503)
-        body = {
-            "status": "ok",
-            "version": s.version,
-            "gallery_size": len(s.index),
-            "index": s.index.manifest.get("kind") or "sharded",
-            "embedding_dim": s.index.dim,
-            "calibrated_precisions": sorted(s.thresholds),
-            "last_error": holder.last_error,
-        }
-        num_shards = s.num_shards
-        if num_shards is not None:
-            body["num_shards"] = num_shards
-        if shards is not None:
-            body["mode"], body["shards"] = "router", shards
-        return body
+        body, status = _health_body(holder, router)
+        return body if status == 200 else JSONResponse(body, status_code=status)
 
     @app.get("/metrics")
     async def prometheus():
-        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(holder.metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.post("/admin/reload")
     async def reload():
         swapped = await run_in_threadpool(holder.reload)
         s = holder.searcher
         return {"reloaded": swapped, "version": None if s is None else s.version, "last_error": holder.last_error}
-
-    return app

@@ -203,26 +203,9 @@ def build_sharded_index(
     export_dir = os.path.abspath(export_dir)
     version, meta = resolve_version(export_dir, version)
     x, ids = check_gallery(embeddings, ids, meta["embedding_dim"], version)
-    n = len(x)
-    if isinstance(num_shards, bool) or not isinstance(num_shards, int | np.integer):
-        raise TypeError(f"num_shards must be an integer, got {num_shards!r}")
-    num_shards = int(num_shards)
-    if not 1 <= num_shards <= n:
-        raise ValueError(f"num_shards must be between 1 and the gallery size {n}, got {num_shards}")
-    assignment = shard_of(ids, num_shards)
-    counts = np.bincount(assignment, minlength=num_shards)
-    empty = [shard_name(i, num_shards) for i in np.flatnonzero(counts == 0)]
-    if empty:
-        raise ValueError(
-            f"{empty[0]} would be empty ({len(empty)} of {num_shards} shards get no id of the {n}-item gallery); "
-            "use fewer shards"
-        )
-    if workers is None:  # brute-force shards only store their arrays: not worth starting processes for
-        workers = min(num_shards, os.cpu_count() or 1) if counts.max() >= brute_force_below else 1
-    workers = int(workers)
-    if workers < 1:
-        raise ValueError(f"workers must be >= 1, got {workers}")
-    workers = min(workers, num_shards)
+    assignment, counts = _assign(ids, num_shards)
+    num_shards = len(counts)
+    workers = _worker_count(workers, num_shards, int(counts.max()) >= brute_force_below)
     thresholds = normalize_thresholds(thresholds)
     final = layout.version_dir(export_dir, layout.INDEX, version)
     if os.path.exists(final) and not overwrite:
@@ -231,34 +214,17 @@ def build_sharded_index(
     with atomic_directory(final, overwrite=overwrite) as tmp:  # published only if every shard and check succeeds
         inputs = os.path.join(tmp, _INPUTS_DIR)
         os.mkdir(inputs)
-        queries_file = None
-        if queries is not None:
-            queries_file = os.path.join(inputs, "queries.npy")
-            np.save(queries_file, np.asarray(queries, dtype=np.float32))
-        tasks = []
-        for i in range(num_shards):
-            name = shard_name(i, num_shards)
-            rows = np.flatnonzero(assignment == i)  # input order kept within a shard
-            np.save(os.path.join(inputs, f"{name}-x.npy"), x[rows])
-            np.save(os.path.join(inputs, f"{name}-ids.npy"), ids[rows])
-            tasks.append(
-                {
-                    "name": name,
-                    "folder": os.path.join(tmp, name),
-                    "x": os.path.join(inputs, f"{name}-x.npy"),
-                    "ids": os.path.join(inputs, f"{name}-ids.npy"),
-                    "queries": queries_file,
-                    "meta": meta,
-                    "version": version,
-                    "thresholds": thresholds,
-                    "target_recall": target_recall,
-                    "brute_force_below": brute_force_below,
-                    "params": params,
-                    "gallery_info": dict(gallery_info or {}, shard=name, num_shards=num_shards),
-                    "seed": seed,
-                    "blas_threads": None if workers == 1 else max(1, (os.cpu_count() or 1) // workers),
-                }
-            )
+        common = {
+            "meta": meta,
+            "version": version,
+            "thresholds": thresholds,
+            "target_recall": target_recall,
+            "brute_force_below": brute_force_below,
+            "params": params,
+            "seed": seed,
+            "blas_threads": None if workers == 1 else max(1, (os.cpu_count() or 1) // workers),
+        }
+        tasks = _write_shard_inputs(tmp, inputs, x, ids, assignment, num_shards, queries, gallery_info, common)
         built = _run_tasks(tasks, workers)
         shutil.rmtree(inputs)
         manifest = {
@@ -268,21 +234,10 @@ def build_sharded_index(
             "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "model": model_block(meta),
             "score": SCORE,
-            "num_items": n,
+            "num_items": len(x),
             "num_shards": num_shards,
             "shard_assignment": SHARD_ASSIGNMENT,
-            "shards": [
-                {
-                    "name": task["name"],
-                    "num_items": built[task["name"]]["num_items"],
-                    "ids_sha256": built[task["name"]]["ids"]["sha256"],
-                    "embeddings_sha256": built[task["name"]]["embeddings"]["sha256"],
-                    "kind": built[task["name"]]["kind"],
-                    "recall_at_10": built[task["name"]]["ann"]["recall_at_10"],
-                    "build_seconds": built[task["name"]]["build_seconds"],
-                }
-                for task in tasks
-            ],
+            "shards": [_shard_entry(task["name"], built[task["name"]]) for task in tasks],
             "brute_force_below": brute_force_below,
             "workers": workers,
             "threshold_search": {"method": "exact: union of the shards' exact threshold answers"},
@@ -299,6 +254,78 @@ def build_sharded_index(
         layout.write_json(os.path.join(tmp, layout.INDEX_MANIFEST), manifest)
         ShardedIndex.load(tmp, expected_model=meta, mmap=True).close()  # the folder must load before it is published
     return manifest
+
+
+def _assign(ids: np.ndarray, num_shards) -> tuple[np.ndarray, np.ndarray]:
+    """The shard of every id and the number of ids per shard; refuses a shard count that leaves a shard empty."""
+    n = len(ids)
+    if isinstance(num_shards, bool) or not isinstance(num_shards, int | np.integer):
+        raise TypeError(f"num_shards must be an integer, got {num_shards!r}")
+    num_shards = int(num_shards)
+    if not 1 <= num_shards <= n:
+        raise ValueError(f"num_shards must be between 1 and the gallery size {n}, got {num_shards}")
+    assignment = shard_of(ids, num_shards)
+    counts = np.bincount(assignment, minlength=num_shards)
+    empty = [shard_name(i, num_shards) for i in np.flatnonzero(counts == 0)]
+    if empty:
+        raise ValueError(
+            f"{empty[0]} would be empty ({len(empty)} of {num_shards} shards get no id of the {n}-item gallery); "
+            "use fewer shards"
+        )
+    return assignment, counts
+
+
+def _worker_count(workers: int | None, num_shards: int, any_scann_shard: bool) -> int:
+    """Build processes: as asked (at most one per shard), by default one per shard up to the CPU count, and 1
+    when every shard is brute force (they only store their arrays: not worth starting processes for)."""
+    if workers is None:
+        workers = min(num_shards, os.cpu_count() or 1) if any_scann_shard else 1
+    workers = int(workers)
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    return min(workers, num_shards)
+
+
+def _write_shard_inputs(
+    tmp: str, inputs: str, x, ids, assignment, num_shards: int, queries, gallery_info, common: dict
+) -> list[dict]:
+    """Saves each shard's rows (input order kept within a shard) and the queries as ``.npy`` files under
+    ``inputs`` for the workers; returns one :func:`_build_shard` task per shard."""
+    queries_file = None
+    if queries is not None:
+        queries_file = os.path.join(inputs, "queries.npy")
+        np.save(queries_file, np.asarray(queries, dtype=np.float32))
+    tasks = []
+    for i in range(num_shards):
+        name = shard_name(i, num_shards)
+        rows = np.flatnonzero(assignment == i)
+        np.save(os.path.join(inputs, f"{name}-x.npy"), x[rows])
+        np.save(os.path.join(inputs, f"{name}-ids.npy"), ids[rows])
+        tasks.append(
+            {
+                "name": name,
+                "folder": os.path.join(tmp, name),
+                "x": os.path.join(inputs, f"{name}-x.npy"),
+                "ids": os.path.join(inputs, f"{name}-ids.npy"),
+                "queries": queries_file,
+                "gallery_info": dict(gallery_info or {}, shard=name, num_shards=num_shards),
+                **common,
+            }
+        )
+    return tasks
+
+
+def _shard_entry(name: str, built: dict) -> dict:
+    """A shard's line in the top-level manifest, from the manifest its build wrote."""
+    return {
+        "name": name,
+        "num_items": built["num_items"],
+        "ids_sha256": built["ids"]["sha256"],
+        "embeddings_sha256": built["embeddings"]["sha256"],
+        "kind": built["kind"],
+        "recall_at_10": built["ann"]["recall_at_10"],
+        "build_seconds": built["build_seconds"],
+    }
 
 
 # ------------------------------------------------------------------------------------------------------- load
