@@ -42,6 +42,7 @@ def run(args) -> int:
     import numpy as np
 
     from ce_retrieval import configs, data
+    from ce_retrieval.cli import demo_record
     from ce_retrieval.cli.train import resolve_config
     from ce_retrieval.configs.experiment import LossConfig
     from ce_retrieval.evaluation.calibration import global_pr_auc
@@ -175,6 +176,7 @@ def run(args) -> int:
                 )
         else:
             print("\n[demo] no precision level was reached on the validation split, so no calibrated threshold exists")
+    demo_record.write(workdir, cfg, reports, time.perf_counter() - t0)  # record.json/.md + the range over seeds
     print(f"\n[demo] done in {time.perf_counter() - t0:.0f} s. Artefacts under {workdir}")
     return 0 if np.isfinite(report["summary"]["pr_auc"]) else 1
 
