@@ -42,6 +42,7 @@ def run(args) -> int:
     import numpy as np
 
     from ce_retrieval import configs
+    from ce_retrieval.cli import demo_record
     from ce_retrieval.cli.train import resolve_config
     from ce_retrieval.training import load_trained
 
@@ -70,7 +71,8 @@ def run(args) -> int:
         f"test split, {cfg.evaluation.distractors} distractors, "
         f"thresholds calibrated on {cfg.evaluation.split} -> {eval_dir}",
     )
-    test, val, report = evaluate(cfg, model, base_cfg, workdir, eval_dir)
+    test, val, reports = evaluate(cfg, model, base_cfg, workdir, eval_dir)
+    report = reports[cfg.loss.name]
 
     _stage(step + 1, stages, "export", f"SavedModels for TF Serving -> {export_dir}")
     paths = export_trained(cfg, model, export_dir)
@@ -86,6 +88,7 @@ def run(args) -> int:
         "the exported artefacts behind the HTTP retrieval service (POST /search on 127.0.0.1)",
     )
     query_service(export_dir, test, args.queries or _sample_captions(test, DEFAULT_QUERIES, cfg.data.seed))
+    demo_record.write(workdir, cfg, reports, time.perf_counter() - t0)  # record.json/.md + the range over seeds
     print(f"\n[demo] done in {time.perf_counter() - t0:.0f} s. Artefacts under {workdir}")
     return 0 if np.isfinite(report["summary"]["pr_auc"]) else 1
 
@@ -100,8 +103,8 @@ def baseline_config(cfg, baseline: str):
 
 def evaluate(cfg, model, base_cfg, workdir: str, eval_dir: str):
     """The evaluation stage: every trained model on the test split (thresholds calibrated on the validation
-    split), metrics printed, and with a baseline the side-by-side comparison. Returns (test, val, the report of
-    the configured model)."""
+    split), metrics printed, and with a baseline the side-by-side comparison. Returns (test, val, the reports by
+    loss name: the configured model's first, then the baseline's)."""
     from ce_retrieval import configs, data
     from ce_retrieval.evaluation.evaluate import evaluate_model
     from ce_retrieval.training import load_trained
@@ -137,7 +140,7 @@ def evaluate(cfg, model, base_cfg, workdir: str, eval_dir: str):
     _print_metrics(report)
     if base_cfg is not None:
         side_by_side(reports, {name: m for name, (m, _, _) in runs.items()}, test, eval_dir)
-    return test, val, report
+    return test, val, reports
 
 
 def index_test_gallery(model, test, val, export_dir: str, version: int) -> dict:
