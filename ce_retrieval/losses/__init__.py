@@ -35,6 +35,7 @@ from ce_retrieval.losses.proxy_nca import ProxyNCALoss
 from ce_retrieval.losses.registry import available, get, lookup, register
 from ce_retrieval.losses.regularizers import DivergenceLoss, SphericalEmbeddingConstraint
 from ce_retrieval.losses.relevance import IGNORED, IRRELEVANT, RELEVANT, relevance_from_ids
+from ce_retrieval.losses.sigmoid import SigmoidLoss
 from ce_retrieval.losses.soft_triple import SoftTripleLoss
 from ce_retrieval.losses.softmax import (
     CrossExampleNegativeMining,
@@ -76,6 +77,8 @@ __all__ = [
     "NPairLoss",
     "InfoNCE",
     "SymmetricInfoNCE",
+    # SigLIP's pairwise sigmoid
+    "SigmoidLoss",
     # pair and triplet losses
     "ContrastiveLoss",
     "TripletLoss",
