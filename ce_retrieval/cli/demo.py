@@ -65,7 +65,7 @@ def run(args) -> int:
     if baseline:
         base_dir = os.path.join(workdir, "baseline", "model")
         # Only the loss differs; its hyper-parameters are the baseline's defaults (λ stays model.logit_scale).
-        base_cfg = dataclasses.replace(cfg, loss=LossConfig(name=baseline))
+        base_cfg = dataclasses.replace(cfg, loss=LossConfig(name=baseline), model=_baseline_model(cfg.model, baseline))
         _stage(2, stages, "train the baseline", f"{baseline}, the same model, data, seed and steps -> {base_dir}")
         _train_once(base_cfg, base_dir, args.retrain)
     cfg, model = load_trained(model_dir)
@@ -114,7 +114,8 @@ def run(args) -> int:
         model.image_encoder,
         export_dir,
         metadata={"config": configs.to_dict(cfg), "checkpoint": getattr(model, "checkpoint_path", None)},
-        logit_scale=float(cfg.model.logit_scale),
+        logit_scale=float(np.asarray(model.logit_scale)),  # the trained λ (learned or fixed)
+        logit_bias=None if model.logit_bias is None else float(np.asarray(model.logit_bias)),
     )
     print(f"[demo] exported version {paths.version}: {paths.text_encoder}, {paths.image_encoder}")
 
@@ -177,6 +178,16 @@ def run(args) -> int:
             print("\n[demo] no precision level was reached on the validation split, so no calibrated threshold exists")
     print(f"\n[demo] done in {time.perf_counter() - t0:.0f} s. Artefacts under {workdir}")
     return 0 if np.isfinite(report["summary"]["pr_auc"]) else 1
+
+
+def _baseline_model(model_cfg, baseline: str):
+    """The model config of the baseline: the same, less a logit bias its loss does not have (a SigLIP run's
+    ``model.logit_bias`` belongs to the sigmoid loss; a softmax baseline refuses it)."""
+    from ce_retrieval import losses
+
+    if losses.lookup(baseline).has_logit_bias:
+        return model_cfg
+    return dataclasses.replace(model_cfg, logit_bias=None, learn_logit_bias=False)
 
 
 def _stage(i: int, total: int, name: str, what: str) -> None:

@@ -24,7 +24,7 @@ def run(args) -> int:
 
     cfg, model = load_trained(args.model_dir)
     config = dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else {}
-    scale = getattr(model, "logit_scale", None)
+    scale, bias = getattr(model, "logit_scale", None), getattr(model, "logit_bias", None)
     paths = export_encoders(
         model.text_encoder,
         model.image_encoder,
@@ -32,6 +32,7 @@ def run(args) -> int:
         args.version,
         metadata={"model_dir": os.path.abspath(args.model_dir), "config": config},
         logit_scale=None if scale is None else float(np.asarray(scale)),
+        logit_bias=None if bias is None else float(np.asarray(bias)),
         verify=not args.no_verify,
     )
     print(f"exported version {paths.version}:\n  {paths.text_encoder}\n  {paths.image_encoder}")

@@ -7,6 +7,7 @@ One step on a global batch of B (caption, image, image_id) rows split over R rep
     R_ij = 1[id_i == id_j]                                                   (two captions of one image: both positive)
     L   = loss(R, S)                 fixed λ: the loss applies its own scale λ (= ModelConfig.logit_scale)
     L   = loss(R, λ S), λ = min(exp(s), λ_max)       learned λ (loss must have scale 1)
+    L   = loss(R, λ S + b)                           learned bias b (SigLIP; loss must have scale 1, bias 0)
     (a loss that ``needs_gram`` gets the joint Gram matrix of [T; V] instead, [2B, 2B], self-pairs ignored)
     text params  <- AdamW step on dL/dθ_text (and on s, the learned log-scale, if any)
     image params <- SGD+momentum step on dL/dθ_image
@@ -80,6 +81,8 @@ class TwoTowerModel(tf_keras.Model):
         augmentation: :class:`ImageAugmentation` applied to decoded pixels in ``train_step`` only (or None).
         logit_scale: λ (initial value if learned).
         learn_logit_scale: learn ``log λ`` (updated by the text optimizer), capped at ``max_logit_scale``.
+        logit_bias: b of ``l = λ·S + b`` for a loss with a logit bias (SigLIP; initial value if learned), or None.
+        learn_logit_bias: learn b (updated by the text optimizer); the model then applies λ and b itself.
     """
 
     def __init__(
@@ -90,6 +93,8 @@ class TwoTowerModel(tf_keras.Model):
         logit_scale: float = 20.0,
         learn_logit_scale: bool = False,
         max_logit_scale: float = 100.0,
+        logit_bias: float | None = None,
+        learn_logit_bias: bool = False,
         name: str = "two_tower",
         **kwargs,
     ):
@@ -108,6 +113,7 @@ class TwoTowerModel(tf_keras.Model):
                 initializer=tf_keras.initializers.Constant(math.log(logit_scale)),
                 trainable=True,
             )
+        self._init_logit_bias(logit_bias, learn_logit_bias)
         self.retrieval_loss = None
         self.text_optimizer = None
         self.image_optimizer = None
@@ -129,6 +135,64 @@ class TwoTowerModel(tf_keras.Model):
         if self.learn_logit_scale:
             return tf.minimum(tf.exp(self.log_logit_scale), self.max_logit_scale)
         return tf.constant(self.initial_logit_scale, tf.float32)
+
+    # The logit bias b (SigLIP): one small block, so that it moves as one piece with λ.
+    def _init_logit_bias(self, logit_bias: float | None, learn: bool) -> None:
+        if learn and logit_bias is None:
+            raise ValueError("learn_logit_bias=True needs logit_bias, the initial value of b (SigLIP: -10)")
+        self.learn_logit_bias = bool(learn)
+        self.initial_logit_bias = None if logit_bias is None else float(logit_bias)
+        if self.learn_logit_bias:
+            self.logit_bias_variable = self.add_weight(
+                name="logit_bias",
+                shape=(),
+                dtype=tf.float32,
+                initializer=tf_keras.initializers.Constant(self.initial_logit_bias),
+                trainable=True,
+            )
+
+    @property
+    def logit_bias(self) -> tf.Tensor | None:
+        """b as a float32 scalar tensor (the learned value if ``learn_logit_bias``), or None without a bias."""
+        if self.learn_logit_bias:
+            return tf.identity(self.logit_bias_variable)
+        return None if self.initial_logit_bias is None else tf.constant(self.initial_logit_bias, tf.float32)
+
+    @property
+    def applies_logit_scale(self) -> bool:
+        """Whether the model turns S into logits itself (λ learned, or b learned: b is added after λ)."""
+        return self.learn_logit_scale or self.learn_logit_bias
+
+    def loss_scores(self, scores: tf.Tensor) -> tf.Tensor:
+        """What the loss is given: ``λ·S`` (+ ``b`` when b is learned) where the model applies λ, else ``S``."""
+        if self.applies_logit_scale:
+            scores = scores * self.logit_scale
+        if self.learn_logit_bias:
+            scores = scores + self.logit_bias
+        return scores
+
+    def _check_logit_bias(self, loss) -> None:
+        """The loss's b (``logit_bias`` of ce_retrieval losses; None: no bias) must fit this model's."""
+        bias = getattr(loss, "logit_bias", None)
+        name = type(loss).__name__
+        if self.initial_logit_bias is None:
+            if bias is not None:
+                raise ValueError(
+                    f"{name} adds a logit bias b = {bias:g}, but the model has none: give the model logit_bias "
+                    "(config model.logit_bias), the one home of b, so that it is exported with λ"
+                )
+            return
+        if bias is None:
+            raise ValueError(
+                f"the model has a logit bias (logit_bias={self.initial_logit_bias:g}) but {name} has none; "
+                "a logit bias is only for a loss that declares one (has_logit_bias, e.g. SigmoidLoss)"
+            )
+        want = 0.0 if self.learn_logit_bias else self.initial_logit_bias
+        if abs(float(bias) - want) > 1e-6:
+            raise ValueError(
+                f"logit bias mismatch: {name} has b = {bias:g} but needs b = {want:g} "
+                + ("(the model adds its learned b itself)" if self.learn_logit_bias else "(the model's logit_bias)")
+            )
 
     def call(self, inputs: dict, training: bool = False) -> dict[str, tf.Tensor]:
         """``{"caption": [B] str, "image": [B] bytes}`` -> ``{"text": [B, d], "image": [B, d]}`` (either key may
@@ -234,15 +298,16 @@ class TwoTowerModel(tf_keras.Model):
             raise TypeError(f"TwoTowerModel.compile: loss must be a Keras Loss, got {loss!r}")
         scale = getattr(loss, "logit_scale", None)  # None: a loss without a logit scale (or a plain Keras loss)
         name = type(loss).__name__
-        if self.learn_logit_scale:
+        if self.applies_logit_scale:
+            flag = "learn_logit_scale" if self.learn_logit_scale else "learn_logit_bias"
             if scale is None:
                 raise ValueError(
-                    f"learn_logit_scale=True multiplies the cosine matrix by a learned λ, which only a loss with a "
+                    f"{flag}=True multiplies the cosine matrix by the model's λ, which only a loss with a "
                     f"logit scale expects; {name} has none"
                 )
             if abs(float(scale) - 1.0) > 1e-6:
                 raise ValueError(
-                    f"learn_logit_scale=True: the model applies the learned λ itself, so the loss must have "
+                    f"{flag}=True: the model applies λ itself, so the loss must have "
                     f"λ = 1, e.g. scale=1.0 (got {name} with λ = {scale:g})"
                 )
         elif scale is not None and abs(float(scale) - self.initial_logit_scale) > 1e-6:
@@ -250,12 +315,14 @@ class TwoTowerModel(tf_keras.Model):
                 f"logit scale mismatch: the model's logit_scale is {self.initial_logit_scale:g} but the loss "
                 f"{name} has λ = {scale:g}; set both to the same λ (RetrievalTask does)"
             )
+        self._check_logit_bias(loss)
         return loss
 
     @property
     def text_variables(self) -> list:
-        """Variables updated by the text optimizer: the text tower and the learned log logit scale."""
+        """Variables updated by the text optimizer: the text tower, the learned log logit scale and logit bias."""
         extra = [self.log_logit_scale] if self.learn_logit_scale else []
+        extra += [self.logit_bias_variable] if self.learn_logit_bias else []
         return list(self.text_core.trainable_variables) + extra
 
     @property
@@ -316,8 +383,7 @@ class TwoTowerModel(tf_keras.Model):
             loss_scores = cosine_similarity(joint, joint)
         else:
             loss_relevance, loss_scores = relevance, cosine
-        if self.learn_logit_scale:
-            loss_scores = loss_scores * self.logit_scale
+        loss_scores = self.loss_scores(loss_scores)
         # The loss's unreduced value (one scalar): the step, not Keras's loss reduction, scales it for replicas.
         with tf.name_scope(self.retrieval_loss.name):
             loss = self.retrieval_loss.call(loss_relevance, loss_scores)
@@ -330,7 +396,7 @@ class TwoTowerModel(tf_keras.Model):
         image_all, ids_all = gather_from_replicas(image), gather_from_replicas(ids)
         cosine = cosine_similarity(text, image_all)
         relevance = relevance_from_ids(ids, ids_all)
-        scores = cosine * self.logit_scale if self.learn_logit_scale else cosine
+        scores = self.loss_scores(cosine)
         loss_fn = self.retrieval_loss
         with tf.name_scope(loss_fn.name):
             share = sharded_softmax_loss(
@@ -422,6 +488,8 @@ class TwoTowerModel(tf_keras.Model):
             logs["skipped_steps"] = self._skipped_steps.read_value()
         if self.learn_logit_scale:
             logs["logit_scale"] = self.logit_scale
+        if self.learn_logit_bias:
+            logs["logit_bias"] = self.logit_bias
         return logs
 
 

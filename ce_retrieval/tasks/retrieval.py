@@ -129,6 +129,8 @@ class RetrievalTask:
             scale = f"λ {cfg.model.logit_scale:g}"
         else:
             scale = "no logit scale"
+        if cfg.model.logit_bias is not None:
+            scale += f", {'learned ' if cfg.model.learn_logit_bias else ''}b from {cfg.model.logit_bias:g}"
         return (
             f"loss {type(loss).__name__} ({scale}), {strategy.num_replicas_in_sync} replica(s) "
             f"({type(strategy).__name__}), each differentiating the global-batch loss / {strategy.num_replicas_in_sync}"
