@@ -44,6 +44,7 @@ from ce_retrieval.losses.softmax import (
     StochasticNegativeMining,
 )
 from ce_retrieval.losses.softmax_core import SoftmaxFamilyLoss
+from ce_retrieval.losses.threshold_consistent import ThresholdConsistentMargin
 from ce_retrieval.losses.triplet import TripletLoss
 
 __all__ = [
@@ -99,4 +100,6 @@ __all__ = [
     # embedding regularisers
     "DivergenceLoss",
     "SphericalEmbeddingConstraint",
+    # a regulariser of the cosine matrix, added to any loss (loss.regularizers)
+    "ThresholdConsistentMargin",
 ]

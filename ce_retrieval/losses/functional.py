@@ -44,6 +44,7 @@ from ce_retrieval.losses import sigmoid as _sigmoid
 from ce_retrieval.losses import soft_triple as _soft_triple
 from ce_retrieval.losses import softmax as _softmax
 from ce_retrieval.losses import softmax_core as _softmax_core
+from ce_retrieval.losses import threshold_consistent as _threshold_consistent
 from ce_retrieval.losses import tiled as _tiled
 from ce_retrieval.losses import triplet as _triplet
 from ce_retrieval.losses.base import validate_similarity_inputs
@@ -108,6 +109,10 @@ proxy_nca = _validated(_proxy_nca.proxy_nca, _proxy_nca.ProxyNCALoss)
 proxy_anchor = _validated(_proxy_anchor.proxy_anchor, _proxy_anchor.ProxyAnchorLoss)
 soft_triple = _validated(_soft_triple.soft_triple, _soft_triple.SoftTripleLoss)
 centroid_upper_bound = _validated(_centroid.centroid_upper_bound, _centroid.CentroidUpperBoundLoss)
+# Threshold-Consistent Margin, a regulariser of cosine similarities.
+threshold_consistent_margin = _validated(
+    _threshold_consistent.threshold_consistent_margin, _threshold_consistent.ThresholdConsistentMargin
+)
 # GOAL (a logging value with a prescribed gradient).
 gradient_objective = _validated(_goal.gradient_objective, _goal.GradientObjective)
 
@@ -138,6 +143,7 @@ __all__ = [
     "softmax_loss",
     "stochastic_negative_mining",
     "symmetric_info_nce",
+    "threshold_consistent_margin",
     "tiled_softmax_loss",
     "triplet",
 ]

@@ -56,6 +56,7 @@ VARIANTS = {
     "InfoNCE": [dict(temperature=0.1, bidirectional=True)],
     "SymmetricInfoNCE": [dict(temperature=0.2)],
     "SigmoidLoss": [dict(scale=5.0, bias=-3.0)],
+    "ThresholdConsistentMargin": [dict(margin_plus=0.7, margin_minus=0.2, weight_plus=0.5, weight_minus=2.0)],
     "ContrastiveLoss": [dict(margin=1.2, balanced=True, bidirectional=True)],
     "TripletLoss": [
         dict(margin=0.3, distance="euclidean", average_nonzero=True, positive_slots=4, bidirectional=True),
@@ -117,6 +118,7 @@ CAPABILITIES = {
     "InfoNCE": (True, False, False, False),
     "SymmetricInfoNCE": (True, False, False, False),
     "SigmoidLoss": (True, False, False, False),
+    "ThresholdConsistentMargin": (False, False, False, False),
     "ContrastiveLoss": (False, False, False, False),
     "TripletLoss": (False, False, False, False),
     "LiftedStructureLoss": (False, False, False, False),
