@@ -9,6 +9,7 @@ One step on a global batch of B (caption, image, image_id) rows split over R rep
     L   = loss(R, λ S), λ = min(exp(s), λ_max)       learned λ (loss must have scale 1)
     L   = loss(R, λ S + b)                           learned bias b (SigLIP; loss must have scale 1, bias 0)
     (a loss that ``needs_gram`` gets the joint Gram matrix of [T; V] instead, [2B, 2B], self-pairs ignored)
+    L  += Σ_k w_k · reg_k(R, S)                       regularisers on the cosine S, never on λ S + b (TCM)
     text params  <- AdamW step on dL/dθ_text (and on s, the learned log-scale, if any)
     image params <- SGD+momentum step on dL/dθ_image
 
@@ -115,6 +116,7 @@ class TwoTowerModel(tf_keras.Model):
             )
         self._init_logit_bias(logit_bias, learn_logit_bias)
         self.retrieval_loss = None
+        self.score_regularizers = ()
         self.text_optimizer = None
         self.image_optimizer = None
         self._loss_scaling = False
@@ -220,6 +222,7 @@ class TwoTowerModel(tf_keras.Model):
         on_bad_batch: str = "stop",
         embedding_chunk: int | None = None,
         loss_partition: str = "replicated",
+        regularizers=None,
         **kwargs,
     ) -> None:
         """Sets the retrieval loss and the two optimizers.
@@ -235,6 +238,8 @@ class TwoTowerModel(tf_keras.Model):
         per-replica batch; towers with dropout are refused (:mod:`ce_retrieval.modeling.grad_cache`).
         ``loss_partition``: ``"replicated"`` (every replica computes the global loss) or ``"sharded"`` (each its own
         rows' share; module docstring); ``"sharded"`` needs one of ``losses.sharded.SHARDED_LOSSES``, one direction.
+        ``regularizers``: ``[(weight, loss)]`` added to the loss on the text × image cosine matrix, before λ and b
+        (``ThresholdConsistentMargin``: its margins are cosines); built from ``loss.regularizers`` by the task.
         Other keyword arguments go to ``tf_keras.Model.compile`` (e.g. ``steps_per_execution``).
         """
         if on_bad_batch not in BAD_BATCH_POLICIES:
@@ -263,6 +268,7 @@ class TwoTowerModel(tf_keras.Model):
                 raise ValueError(f"TwoTowerModel.compile does not take {key}=; it owns its optimizers and metrics")
         self.retrieval_loss = self._check_loss(loss)
         self.loss_partition = _check_partition(loss_partition, loss)
+        self.score_regularizers = _check_regularizers(regularizers, self.loss_partition)
         self._joint_gram = bool(getattr(loss, "needs_gram", False))
 
         policy = tf_keras.mixed_precision.global_policy()
@@ -387,9 +393,18 @@ class TwoTowerModel(tf_keras.Model):
         # The loss's unreduced value (one scalar): the step, not Keras's loss reduction, scales it for replicas.
         with tf.name_scope(self.retrieval_loss.name):
             loss = self.retrieval_loss.call(loss_relevance, loss_scores)
+        loss += self._score_regularization(relevance, cosine)
         if self.losses:  # regularisers of the towers: identical on every replica, part of the global loss
             loss += tf.add_n([tf.cast(x, tf.float32) for x in self.losses])
         return loss, cosine, relevance
+
+    def _score_regularization(self, relevance, cosine):
+        """``Σ w · reg(R, cos)`` of ``score_regularizers``, on the cosines before λ and b (0 without any)."""
+        terms = []
+        for weight, term in self.score_regularizers:
+            with tf.name_scope(term.name):
+                terms.append(weight * term.call(relevance, cosine))
+        return tf.add_n(terms) if terms else 0.0
 
     def _sharded_loss_from_embeddings(self, text, image, ids):
         """``(R·share_r, S_r [n, B], relevance_r [n, B])``: this replica's rows against the gathered images."""
@@ -512,6 +527,21 @@ def _check_partition(loss_partition: str, loss) -> str:
                 f"{type(loss).__name__}(bidirectional=True) also needs the image rows: use 'replicated'"
             )
     return loss_partition
+
+
+def _check_regularizers(regularizers, loss_partition: str) -> tuple:
+    """``regularizers`` as a tuple of ``(weight, Keras loss)``; refused with the sharded partition (which computes
+    each replica's share of the loss only)."""
+    regularizers = tuple((float(weight), term) for weight, term in (regularizers or ()))
+    for weight, term in regularizers:
+        if not isinstance(term, tf_keras.losses.Loss) or not weight >= 0:
+            raise TypeError(f"regularizers must be (weight >= 0, Keras loss) pairs, got ({weight!r}, {term!r})")
+    if regularizers and loss_partition == "sharded":
+        raise ValueError(
+            "regularizers are added on the whole cosine matrix, but loss_partition='sharded' computes each replica's "
+            "share of the loss only: use loss_partition='replicated'"
+        )
+    return regularizers
 
 
 def _with_loss_scale(optimizer):

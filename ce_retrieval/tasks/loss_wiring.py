@@ -12,6 +12,11 @@ declares ``has_logit_bias`` through ``logit_bias_kwargs(b)`` (``bias=b``); such 
 loss refuses it. With ``model.learn_logit_bias`` the model adds its learned b after applying λ itself (learned or
 not), so the loss gets λ = 1 and b = 0.
 
+``loss.regularizers`` (:func:`build_regularizers`) are terms ``weight · R(relevance, cos)`` that the model adds to
+the loss on its text × image cosine matrix, before λ and b: Threshold-Consistent Margin's margins are cosines, so it
+sees cosines whether λ is fixed, learned or absent. A regulariser is a registered loss without a logit scale,
+proxies or a Gram matrix.
+
 In the two-tower model the columns of S are the batch's images. Proxy losses (``needs_proxies``) read them as
 one centre per image (so SoftTriple's ``proxies_per_class`` is 1); losses that need a Gram matrix of one
 embedding set (``needs_gram``) are given the joint Gram matrix of ``[text; image]`` by the model.
@@ -84,6 +89,30 @@ def build_loss(loss_cfg: LossConfig, model_cfg: ModelConfig) -> RetrievalLoss:
     return cls(**kwargs)
 
 
+def build_regularizers(loss_cfg: LossConfig) -> list[tuple[float, RetrievalLoss]]:
+    """``[(weight, loss)]`` of ``loss_cfg.regularizers``, each a registered loss on cosines (module docstring)."""
+    out = []
+    for i, entry in enumerate(loss_cfg.regularizers or []):
+        where = f"loss.regularizers[{i}]"
+        cls = losses.lookup(entry.name)
+        if cls.has_logit_scale or cls.needs_proxies or cls.needs_gram:
+            need = "a logit scale" if cls.has_logit_scale else "proxies" if cls.needs_proxies else "a Gram matrix"
+            raise ValueError(
+                f"{where}: a regulariser is added on the text × image cosine matrix as is; {cls.__name__} has "
+                f"{need}. Use a loss without (e.g. ThresholdConsistentMargin)"
+            )
+        kwargs = dict(entry.kwargs or {})
+        accepted = [k for k in loss_parameters(cls) if k != "name"]
+        unknown = sorted(k for k in kwargs if k not in accepted)
+        if unknown:
+            raise ValueError(
+                f"{where}.kwargs: {cls.__name__} does not take {', '.join(unknown)}; it takes "
+                f"{', '.join(accepted) or 'no hyper-parameters'}"
+            )
+        out.append((float(entry.weight), cls(**kwargs)))
+    return out
+
+
 def _check_logit_bias(cls, model_cfg: ModelConfig) -> None:
     """``model.logit_bias`` / ``learn_logit_bias`` only for a loss with a bias, which needs ``logit_bias`` set."""
     with_bias = ", ".join(n for n in losses.available() if losses.lookup(n).has_logit_bias)
@@ -100,4 +129,4 @@ def _check_logit_bias(cls, model_cfg: ModelConfig) -> None:
         )
 
 
-__all__ = ["build_loss", "loss_parameters"]
+__all__ = ["build_loss", "build_regularizers", "loss_parameters"]
