@@ -116,3 +116,31 @@ def test_siglip_trains_t_b_and_the_towers_from_the_config(vocab):
     assert float(model.logit_scale) != pytest.approx(10.0, rel=1e-6)
     assert float(model.logit_bias) != pytest.approx(-10.0, rel=1e-6)
     tf_keras.backend.clear_session()
+
+
+def test_the_demo_baseline_drops_the_bias_its_loss_does_not_have():
+    from ce_retrieval.cli.demo import _baseline_model
+
+    siglip = configs.load_experiment(resolve_config("synthetic_siglip")).model
+    base = _baseline_model(siglip, "SampledSoftmax")
+    assert (base.logit_bias, base.learn_logit_bias, base.learn_logit_scale) == (None, False, True)
+    build_loss(LossConfig("SampledSoftmax"), base)  # accepted: no bias for a loss without one
+    assert _baseline_model(siglip, "SigmoidLoss") is siglip
+
+
+def test_a_trained_siglip_model_exports_t_and_b(vocab, tmp_path, monkeypatch):
+    """``ce-retrieval export``: the manifest carries the model's learned t (logit_scale) and b (logit_bias)."""
+    import ce_retrieval.training
+    from ce_retrieval import cli
+    from ce_retrieval.serving import layout
+
+    cfg = _cfg(logit_scale=10.0, learn_logit_scale=True, logit_bias=-10.0, learn_logit_bias=True)
+    model = RetrievalTask(cfg).build_model(vocab)
+    model.log_logit_scale.assign(np.log(12.5))
+    model.logit_bias_variable.assign(-7.25)
+    monkeypatch.setattr(ce_retrieval.training, "load_trained", lambda d: (cfg, model), raising=False)
+    out = str(tmp_path / "export")
+    assert cli.main(["export", "--model_dir", "run", "--export_dir", out, "--version", "1", "--no_verify"]) == 0
+    meta = layout.export_metadata(out, layout.IMAGE_ENCODER, 1)
+    assert meta["logit_scale"] == pytest.approx(12.5, rel=1e-6) and meta["logit_bias"] == -7.25
+    tf_keras.backend.clear_session()
