@@ -98,7 +98,7 @@ def baseline_config(cfg, baseline: str):
     defaults (λ stays model.logit_scale)."""
     from ce_retrieval.configs.experiment import LossConfig
 
-    return dataclasses.replace(cfg, loss=LossConfig(name=baseline))
+    return dataclasses.replace(cfg, loss=LossConfig(name=baseline), model=_baseline_model(cfg.model, baseline))
 
 
 def evaluate(cfg, model, base_cfg, workdir: str, eval_dir: str):
@@ -218,6 +218,16 @@ def export_trained(cfg, model, export_dir: str):
 
     metadata = {"config": configs.to_dict(cfg), "checkpoint": getattr(model, "checkpoint_path", None)}
     return export_model(model, export_dir, metadata=metadata)
+
+
+def _baseline_model(model_cfg, baseline: str):
+    """The model config of the baseline: the same, less a logit bias its loss does not have (a SigLIP run's
+    ``model.logit_bias`` belongs to the sigmoid loss; a softmax baseline refuses it)."""
+    from ce_retrieval import losses
+
+    if losses.lookup(baseline).has_logit_bias:
+        return model_cfg
+    return dataclasses.replace(model_cfg, logit_bias=None, learn_logit_bias=False)
 
 
 def _stage(i: int, total: int, name: str, what: str) -> None:

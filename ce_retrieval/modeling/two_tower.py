@@ -7,7 +7,9 @@ One step on a global batch of B (caption, image, image_id) rows split over R rep
     R_ij = 1[id_i == id_j]                                                   (two captions of one image: both positive)
     L   = loss(R, S)                 fixed λ: the loss applies its own scale λ (= ModelConfig.logit_scale)
     L   = loss(R, λ S), λ = min(exp(s), λ_max)       learned λ (loss must have scale 1)
+    L   = loss(R, λ S + b)                           learned bias b (SigLIP; loss must have scale 1, bias 0)
     (a loss that ``needs_gram`` gets the joint Gram matrix of [T; V] instead, [2B, 2B], self-pairs ignored)
+    L  += Σ_k w_k · reg_k(R, S)                       regularisers on the cosine S, never on λ S + b (TCM)
     text params  <- AdamW step on dL/dθ_text (and on s, the learned log-scale, if any)
     image params <- SGD+momentum step on dL/dθ_image
 
@@ -80,6 +82,8 @@ class TwoTowerModel(tf_keras.Model):
         augmentation: :class:`ImageAugmentation` applied to decoded pixels in ``train_step`` only (or None).
         logit_scale: λ (initial value if learned).
         learn_logit_scale: learn ``log λ`` (updated by the text optimizer), capped at ``max_logit_scale``.
+        logit_bias: b of ``l = λ·S + b`` for a loss with a logit bias (SigLIP; initial value if learned), or None.
+        learn_logit_bias: learn b (updated by the text optimizer); the model then applies λ and b itself.
     """
 
     def __init__(
@@ -90,6 +94,8 @@ class TwoTowerModel(tf_keras.Model):
         logit_scale: float = 20.0,
         learn_logit_scale: bool = False,
         max_logit_scale: float = 100.0,
+        logit_bias: float | None = None,
+        learn_logit_bias: bool = False,
         name: str = "two_tower",
         **kwargs,
     ):
@@ -108,7 +114,9 @@ class TwoTowerModel(tf_keras.Model):
                 initializer=tf_keras.initializers.Constant(math.log(logit_scale)),
                 trainable=True,
             )
+        self._init_logit_bias(logit_bias, learn_logit_bias)
         self.retrieval_loss = None
+        self.score_regularizers = ()
         self.text_optimizer = None
         self.image_optimizer = None
         self._loss_scaling = False
@@ -129,6 +137,64 @@ class TwoTowerModel(tf_keras.Model):
         if self.learn_logit_scale:
             return tf.minimum(tf.exp(self.log_logit_scale), self.max_logit_scale)
         return tf.constant(self.initial_logit_scale, tf.float32)
+
+    # The logit bias b (SigLIP): one small block, so that it moves as one piece with λ.
+    def _init_logit_bias(self, logit_bias: float | None, learn: bool) -> None:
+        if learn and logit_bias is None:
+            raise ValueError("learn_logit_bias=True needs logit_bias, the initial value of b (SigLIP: -10)")
+        self.learn_logit_bias = bool(learn)
+        self.initial_logit_bias = None if logit_bias is None else float(logit_bias)
+        if self.learn_logit_bias:
+            self.logit_bias_variable = self.add_weight(
+                name="logit_bias",
+                shape=(),
+                dtype=tf.float32,
+                initializer=tf_keras.initializers.Constant(self.initial_logit_bias),
+                trainable=True,
+            )
+
+    @property
+    def logit_bias(self) -> tf.Tensor | None:
+        """b as a float32 scalar tensor (the learned value if ``learn_logit_bias``), or None without a bias."""
+        if self.learn_logit_bias:
+            return tf.identity(self.logit_bias_variable)
+        return None if self.initial_logit_bias is None else tf.constant(self.initial_logit_bias, tf.float32)
+
+    @property
+    def applies_logit_scale(self) -> bool:
+        """Whether the model turns S into logits itself (λ learned, or b learned: b is added after λ)."""
+        return self.learn_logit_scale or self.learn_logit_bias
+
+    def loss_scores(self, scores: tf.Tensor) -> tf.Tensor:
+        """What the loss is given: ``λ·S`` (+ ``b`` when b is learned) where the model applies λ, else ``S``."""
+        if self.applies_logit_scale:
+            scores = scores * self.logit_scale
+        if self.learn_logit_bias:
+            scores = scores + self.logit_bias
+        return scores
+
+    def _check_logit_bias(self, loss) -> None:
+        """The loss's b (``logit_bias`` of ce_retrieval losses; None: no bias) must fit this model's."""
+        bias = getattr(loss, "logit_bias", None)
+        name = type(loss).__name__
+        if self.initial_logit_bias is None:
+            if bias is not None:
+                raise ValueError(
+                    f"{name} adds a logit bias b = {bias:g}, but the model has none: give the model logit_bias "
+                    "(config model.logit_bias), the one home of b, so that it is exported with λ"
+                )
+            return
+        if bias is None:
+            raise ValueError(
+                f"the model has a logit bias (logit_bias={self.initial_logit_bias:g}) but {name} has none; "
+                "a logit bias is only for a loss that declares one (has_logit_bias, e.g. SigmoidLoss)"
+            )
+        want = 0.0 if self.learn_logit_bias else self.initial_logit_bias
+        if abs(float(bias) - want) > 1e-6:
+            raise ValueError(
+                f"logit bias mismatch: {name} has b = {bias:g} but needs b = {want:g} "
+                + ("(the model adds its learned b itself)" if self.learn_logit_bias else "(the model's logit_bias)")
+            )
 
     def call(self, inputs: dict, training: bool = False) -> dict[str, tf.Tensor]:
         """``{"caption": [B] str, "image": [B] bytes}`` -> ``{"text": [B, d], "image": [B, d]}`` (either key may
@@ -156,6 +222,7 @@ class TwoTowerModel(tf_keras.Model):
         on_bad_batch: str = "stop",
         embedding_chunk: int | None = None,
         loss_partition: str = "replicated",
+        regularizers=None,
         **kwargs,
     ) -> None:
         """Sets the retrieval loss and the two optimizers.
@@ -171,6 +238,8 @@ class TwoTowerModel(tf_keras.Model):
         per-replica batch; towers with dropout are refused (:mod:`ce_retrieval.modeling.grad_cache`).
         ``loss_partition``: ``"replicated"`` (every replica computes the global loss) or ``"sharded"`` (each its own
         rows' share; module docstring); ``"sharded"`` needs one of ``losses.sharded.SHARDED_LOSSES``, one direction.
+        ``regularizers``: ``[(weight, loss)]`` added to the loss on the text × image cosine matrix, before λ and b
+        (``ThresholdConsistentMargin``: its margins are cosines); built from ``loss.regularizers`` by the task.
         Other keyword arguments go to ``tf_keras.Model.compile`` (e.g. ``steps_per_execution``).
         """
         if on_bad_batch not in BAD_BATCH_POLICIES:
@@ -199,6 +268,7 @@ class TwoTowerModel(tf_keras.Model):
                 raise ValueError(f"TwoTowerModel.compile does not take {key}=; it owns its optimizers and metrics")
         self.retrieval_loss = self._check_loss(loss)
         self.loss_partition = _check_partition(loss_partition, loss)
+        self.score_regularizers = _check_regularizers(regularizers, self.loss_partition)
         self._joint_gram = bool(getattr(loss, "needs_gram", False))
 
         policy = tf_keras.mixed_precision.global_policy()
@@ -234,15 +304,16 @@ class TwoTowerModel(tf_keras.Model):
             raise TypeError(f"TwoTowerModel.compile: loss must be a Keras Loss, got {loss!r}")
         scale = getattr(loss, "logit_scale", None)  # None: a loss without a logit scale (or a plain Keras loss)
         name = type(loss).__name__
-        if self.learn_logit_scale:
+        if self.applies_logit_scale:
+            flag = "learn_logit_scale" if self.learn_logit_scale else "learn_logit_bias"
             if scale is None:
                 raise ValueError(
-                    f"learn_logit_scale=True multiplies the cosine matrix by a learned λ, which only a loss with a "
+                    f"{flag}=True multiplies the cosine matrix by the model's λ, which only a loss with a "
                     f"logit scale expects; {name} has none"
                 )
             if abs(float(scale) - 1.0) > 1e-6:
                 raise ValueError(
-                    f"learn_logit_scale=True: the model applies the learned λ itself, so the loss must have "
+                    f"{flag}=True: the model applies λ itself, so the loss must have "
                     f"λ = 1, e.g. scale=1.0 (got {name} with λ = {scale:g})"
                 )
         elif scale is not None and abs(float(scale) - self.initial_logit_scale) > 1e-6:
@@ -250,12 +321,14 @@ class TwoTowerModel(tf_keras.Model):
                 f"logit scale mismatch: the model's logit_scale is {self.initial_logit_scale:g} but the loss "
                 f"{name} has λ = {scale:g}; set both to the same λ (RetrievalTask does)"
             )
+        self._check_logit_bias(loss)
         return loss
 
     @property
     def text_variables(self) -> list:
-        """Variables updated by the text optimizer: the text tower and the learned log logit scale."""
+        """Variables updated by the text optimizer: the text tower, the learned log logit scale and logit bias."""
         extra = [self.log_logit_scale] if self.learn_logit_scale else []
+        extra += [self.logit_bias_variable] if self.learn_logit_bias else []
         return list(self.text_core.trainable_variables) + extra
 
     @property
@@ -316,21 +389,29 @@ class TwoTowerModel(tf_keras.Model):
             loss_scores = cosine_similarity(joint, joint)
         else:
             loss_relevance, loss_scores = relevance, cosine
-        if self.learn_logit_scale:
-            loss_scores = loss_scores * self.logit_scale
+        loss_scores = self.loss_scores(loss_scores)
         # The loss's unreduced value (one scalar): the step, not Keras's loss reduction, scales it for replicas.
         with tf.name_scope(self.retrieval_loss.name):
             loss = self.retrieval_loss.call(loss_relevance, loss_scores)
+        loss += self._score_regularization(relevance, cosine)
         if self.losses:  # regularisers of the towers: identical on every replica, part of the global loss
             loss += tf.add_n([tf.cast(x, tf.float32) for x in self.losses])
         return loss, cosine, relevance
+
+    def _score_regularization(self, relevance, cosine):
+        """``Σ w · reg(R, cos)`` of ``score_regularizers``, on the cosines before λ and b (0 without any)."""
+        terms = []
+        for weight, term in self.score_regularizers:
+            with tf.name_scope(term.name):
+                terms.append(weight * term.call(relevance, cosine))
+        return tf.add_n(terms) if terms else 0.0
 
     def _sharded_loss_from_embeddings(self, text, image, ids):
         """``(R·share_r, S_r [n, B], relevance_r [n, B])``: this replica's rows against the gathered images."""
         image_all, ids_all = gather_from_replicas(image), gather_from_replicas(ids)
         cosine = cosine_similarity(text, image_all)
         relevance = relevance_from_ids(ids, ids_all)
-        scores = cosine * self.logit_scale if self.learn_logit_scale else cosine
+        scores = self.loss_scores(cosine)
         loss_fn = self.retrieval_loss
         with tf.name_scope(loss_fn.name):
             share = sharded_softmax_loss(
@@ -422,6 +503,8 @@ class TwoTowerModel(tf_keras.Model):
             logs["skipped_steps"] = self._skipped_steps.read_value()
         if self.learn_logit_scale:
             logs["logit_scale"] = self.logit_scale
+        if self.learn_logit_bias:
+            logs["logit_bias"] = self.logit_bias
         return logs
 
 
@@ -444,6 +527,21 @@ def _check_partition(loss_partition: str, loss) -> str:
                 f"{type(loss).__name__}(bidirectional=True) also needs the image rows: use 'replicated'"
             )
     return loss_partition
+
+
+def _check_regularizers(regularizers, loss_partition: str) -> tuple:
+    """``regularizers`` as a tuple of ``(weight, Keras loss)``; refused with the sharded partition (which computes
+    each replica's share of the loss only)."""
+    regularizers = tuple((float(weight), term) for weight, term in (regularizers or ()))
+    for weight, term in regularizers:
+        if not isinstance(term, tf_keras.losses.Loss) or not weight >= 0:
+            raise TypeError(f"regularizers must be (weight >= 0, Keras loss) pairs, got ({weight!r}, {term!r})")
+    if regularizers and loss_partition == "sharded":
+        raise ValueError(
+            "regularizers are added on the whole cosine matrix, but loss_partition='sharded' computes each replica's "
+            "share of the loss only: use loss_partition='replicated'"
+        )
+    return regularizers
 
 
 def _with_loss_scale(optimizer):

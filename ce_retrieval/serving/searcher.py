@@ -124,6 +124,10 @@ class Searcher:
     def logit_scale(self) -> float | None:
         return self.metadata.get("logit_scale")
 
+    @property
+    def logit_bias(self) -> float | None:
+        return self.metadata.get("logit_bias")
+
     def embed(self, texts, batch_size: int = 256) -> np.ndarray:
         """float32 [B, d] unit-norm caption embeddings from the exported text encoder."""
         import tensorflow as tf
