@@ -9,6 +9,8 @@ regime and family where both objectives ran, paired by seed:
   family's ground truth: 1 = specific, many = vague); per bucket, labelled R@1 and *fits-aware* R@1 (the top
   image fits the caption, whatever its id) — a loss on labelled R@1 that fits-aware R@1 does not show is a
   loss on unlabelled positives, not a retrieval error;
+* **fits-aware average precision**: the global PR curve's AP with relevance = fits (many-to-many) instead of
+  ids, so a model is not charged for scoring an unlabelled but fitting image high;
 * **score offsets by specificity**: per caption, its labelled pair's score and its row's mean score, as
   z-scores over all test pairs of that model (so models with different score scales compare);
 * **curves against steps**: the paired difference CE − SS of PR-AUC and R@1 at each recorded step (heads: on
@@ -40,6 +42,14 @@ def _test_captions(out: str, family: str) -> list[str]:
     return split.captions, split.caption_ids
 
 
+def fits_average_precision(scores: np.ndarray, relevant: np.ndarray) -> float:
+    """Global average precision over every (caption, image) pair with a many-to-many relevance matrix
+    (``sklearn.metrics.average_precision_score`` on the flattened pairs)."""
+    from sklearn.metrics import average_precision_score
+
+    return float(average_precision_score(relevant.ravel(), scores.ravel()))
+
+
 def per_query(q, d, q_ids, d_ids, fits_ids: list[set]) -> dict:
     """Per caption: the labelled image's rank, whether the top image fits, the z-scored labelled and row-mean
     scores (over every test pair of this model)."""
@@ -52,7 +62,12 @@ def per_query(q, d, q_ids, d_ids, fits_ids: list[set]) -> dict:
     top = d_ids[scores.argmax(axis=1)]
     fits_top = np.asarray([int(t) in f for t, f in zip(top.tolist(), fits_ids, strict=True)])
     mu, sigma = float(scores.mean()), float(scores.std()) or 1.0
+    column_of = {int(i): k for k, i in enumerate(d_ids.tolist())}
+    fits_matrix = np.zeros(scores.shape, bool)
+    for row, fitting in enumerate(fits_ids):
+        fits_matrix[row, [column_of[i] for i in fitting if i in column_of]] = True
     return {
+        "fits_ap": fits_average_precision(scores, fits_matrix),
         "rank": rank,
         "fits_top": fits_top,
         "z_positive": (positive - mu) / sigma,
@@ -107,6 +122,7 @@ def compare(out: str, regime: str, family: str, seeds: list[int], a: str = "CE",
         name: {
             "r1": float(np.mean([np.mean(r[name]["rank"] == 1) for r in per_seed])),
             "fits_r1": float(np.mean([np.mean(r[name]["fits_top"]) for r in per_seed])),
+            "fits_ap": float(np.mean([r[name]["fits_ap"] for r in per_seed])),
         }
         for name in (a, b)
     }
@@ -153,7 +169,8 @@ def _markdown(items: list[dict]) -> str:
             "",
             f"Labelled t→i R@1 {a} {100 * o[a]['r1']:.1f} vs {b} {100 * o[b]['r1']:.1f} "
             f"(Δ {100 * (o[a]['r1'] - o[b]['r1']):+.1f}); fits-aware R@1 {a} {100 * o[a]['fits_r1']:.1f} vs "
-            f"{b} {100 * o[b]['fits_r1']:.1f} (Δ {100 * (o[a]['fits_r1'] - o[b]['fits_r1']):+.1f}).",
+            f"{b} {100 * o[b]['fits_r1']:.1f} (Δ {100 * (o[a]['fits_r1'] - o[b]['fits_r1']):+.1f}); "
+            f"fits-aware global AP {a} {100 * o[a]['fits_ap']:.1f} vs {b} {100 * o[b]['fits_ap']:.1f}.",
             "",
             f"| fits | captions | R@1 {a} / {b} | fits-aware R@1 {a} / {b} | mean rank {a} / {b} | "
             f"{a} ranks better / worse | R@1 won / lost | z labelled {a} / {b} | z row mean {a} / {b} |",

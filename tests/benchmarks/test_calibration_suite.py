@@ -80,6 +80,10 @@ def test_per_query_ranks_fits_and_offsets_match_a_brute_force_count():
         assert out["rank"][i] == 1 + sum(s[i, j] > own for j in range(5))
         assert out["z_positive"][i] == pytest.approx((own - s.mean()) / s.std(), rel=1e-4)
         assert out["fits_top"][i] == (d_ids[int(np.argmax(s[i]))] in fits[i])
+    from sklearn.metrics import average_precision_score
+
+    relevant = np.asarray([[d_ids[j] in fits[i] for j in range(5)] for i in range(7)])
+    assert out["fits_ap"] == pytest.approx(average_precision_score(relevant.ravel(), s.ravel()), rel=1e-6)
     np.testing.assert_allclose(out["z_row"], (s.mean(axis=1) - s.mean()) / s.std(), rtol=1e-4, atol=1e-6)
 
 
