@@ -144,3 +144,45 @@ def test_a_trained_siglip_model_exports_t_and_b(vocab, tmp_path, monkeypatch):
     meta = layout.export_metadata(out, layout.IMAGE_ENCODER, 1)
     assert meta["logit_scale"] == pytest.approx(12.5, rel=1e-6) and meta["logit_bias"] == -7.25
     tf_keras.backend.clear_session()
+
+
+def _siglip_tcm(**train):
+    cfg = _cfg(logit_scale=10.0, learn_logit_scale=True, logit_bias=-10.0, learn_logit_bias=True)
+    cfg.loss.regularizers = [configs.experiment.RegularizerConfig(weight=0.5)]
+    cfg.train = dataclasses.replace(cfg.train, **train)
+    return cfg
+
+
+def test_xla_step_equals_the_graph_step_with_learned_t_b_and_tcm(vocab):
+    model = RetrievalTask(_siglip_tcm(jit_compile=True)).build_compiled_model(vocab, total_steps=5)
+    inputs = model._prepare(make_batch(), augment=False)
+    loss_xla, _, _, text_xla, image_xla = model._compute_gradients_jit(*inputs)
+    loss_ref, _, _, text_ref, image_ref = tf.function(model._compute_gradients, autograph=False)(*inputs)
+    np.testing.assert_allclose(float(loss_xla), float(loss_ref), rtol=1e-4)
+    # the last two text variables are t' and b: their gradients come from the loss alone
+    assert [v.name.split("/")[-1] for v in model.text_variables[-2:]] == ["log_logit_scale:0", "logit_bias:0"]
+    assert all(abs(float(g)) > 0 for g in text_xla[-2:])
+    for a, b in zip(text_xla + image_xla, text_ref + image_ref, strict=True):
+        np.testing.assert_allclose(
+            tf.convert_to_tensor(a).numpy(), tf.convert_to_tensor(b).numpy(), rtol=2e-3, atol=1e-5
+        )
+    tf_keras.backend.clear_session()
+
+
+def test_mixed_float16_step_and_checkpoint_keep_t_and_b(vocab, tmp_path):
+    tf_keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = RetrievalTask(_siglip_tcm()).build_compiled_model(vocab, total_steps=5)
+        assert model.logit_bias_variable.dtype == tf.float32  # the variables stay float32 under the policy
+        logs = model.train_on_batch(make_batch(), return_dict=True)
+        assert np.isfinite(logs["loss"]) and np.isfinite(logs["logit_bias"]) and np.isfinite(logs["logit_scale"])
+        # (the first float16 step is usually skipped by dynamic loss scaling, so move b by hand before saving)
+        model.logit_bias_variable.assign(-7.25)
+        path = tf.train.Checkpoint(model=model).save(str(tmp_path / "ckpt"))
+        again = RetrievalTask(_siglip_tcm()).build_model(vocab)
+        tf.train.Checkpoint(model=again).restore(path).expect_partial()
+        assert float(again.logit_bias) == -7.25
+        assert float(again.logit_scale) == float(model.logit_scale)
+    finally:
+        tf_keras.mixed_precision.set_global_policy("float32")
+        tf_keras.backend.clear_session()
