@@ -98,6 +98,11 @@ def markdown(rng: dict, records: list[dict], command: str) -> str:
         "|---:|---|---:|---|",
     ]
     lines += [f"| {r['seed']} | {r['date']} | {r['seconds']} | {r['load_average_1_5_15']} |" for r in records]
+    lines += [
+        "",
+        "A seed whose workdir already held its trained models only re-ran evaluation, export, index and queries, so "
+        "its seconds are not a training time. The figures do not depend on the load.",
+    ]
     lines += ["", "Range over the seeds (min – max; test split):", ""]
     lines += ["| figure | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
     for key, (label, unit) in FIGURES.items():
