@@ -7,6 +7,7 @@ Reads the ``## Summary`` table of ``BENCHMARKS.md`` and reports (exit status 1) 
 * a row links no record under ``benchmarks/results/`` (a row whose command cell starts with "same" shares the
   record of the row above; a row marked ``history`` with its date, e.g. "history (measured 2026-11-22, no
   record)", is a figure kept for the record of what was once measured and needs none);
+* a Markdown record of the row states no date (YYYY-MM-DD);
 * a number of the row's result cell is in none of its records. A record number matches a figure when it rounds to
   it at the precision shown ("+5.18" matches 5.184, "1.7e-5" matches 1.72e-05, "10,228" matches 10228); fractions
   stored in JSON match the percentages shown (0.303 for 30.3);
@@ -28,6 +29,7 @@ import sys
 RESULTS = "benchmarks/results/"
 NUMBER = re.compile(r"(?<![\w.])(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?(?:[eE][-−+]?\d+)?)")
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+DATE = re.compile(r"\b20\d{2}-\d{2}-\d{2}(?!\d)")
 HISTORY = re.compile(r"(?=.*\bhistory\b)(?=.*\b\d{4}-\d{2}-\d{2}\b)", re.IGNORECASE)
 MODULE_PATH = re.compile(r"\b((?:ce_retrieval|benchmarks|tests|scripts)/[\w/.\-]*\.(?:py|sh|yaml))\b")
 MODULE_DOTTED = re.compile(r"(?<![\w./])(ce_retrieval(?:\.[A-Za-z_]\w*)+)")
@@ -100,6 +102,11 @@ def contains(numbers: list[float], token: str, json_record: bool) -> bool:
     return any(abs(n - v) <= t for v, t in candidates for n in numbers)
 
 
+def _undated(name: str, text: str) -> bool:
+    """A Markdown record must say when its figures were measured (JSON records travel with their Markdown)."""
+    return name.endswith(".md") and not DATE.search(text)
+
+
 def _slug(heading: str) -> str:
     """GitHub's anchor of a Markdown heading."""
     text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
@@ -161,6 +168,7 @@ def check(root: pathlib.Path) -> list[str]:
             problems.append(f"{where}: linked record {missing} does not exist")
             continue
         texts = {r: (root / r).read_text() for r in row.records}
+        problems += [f"{where}: record {r} states no date (YYYY-MM-DD)" for r, t in texts.items() if _undated(r, t)]
         numbers = {r: record_numbers(t) for r, t in texts.items()}
         for token in figures(row.result):
             if not any(contains(numbers[r], token, r.endswith(".json")) for r in row.records):
