@@ -11,6 +11,7 @@ Reads the ``## Summary`` table of ``BENCHMARKS.md`` and reports (exit status 1) 
 * a number of the row's result cell is in none of its records. A record number matches a figure when it rounds to
   it at the precision shown ("+5.18" matches 5.184, "1.7e-5" matches 1.72e-05, "10,228" matches 10228); fractions
   stored in JSON match the percentages shown (0.303 for 30.3);
+* a number of README.md's demo table (the one headed "... over seeds ...") is not in the demo_seeds record;
 * a relative link of BENCHMARKS.md or of a Markdown record points to no file (or to no heading of BENCHMARKS.md);
 * a record names a module or script (``ce_retrieval/...py``, ``benchmarks/...py``, ``ce_retrieval.a.b``) that does
   not exist.
@@ -27,6 +28,7 @@ import re
 import sys
 
 RESULTS = "benchmarks/results/"
+DEMO_RECORD = "benchmarks/results/demo_seeds.md"
 NUMBER = re.compile(r"(?<![\w.])(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?(?:[eE][-−+]?\d+)?)")
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 DATE = re.compile(r"\b20\d{2}-\d{2}-\d{2}(?!\d)")
@@ -149,6 +151,30 @@ def _check_modules(path: pathlib.Path, root: pathlib.Path) -> list[str]:
     return problems
 
 
+def readme_demo_problems(root: pathlib.Path) -> list[str]:
+    """README's demo table (the one headed "min – max over seeds") against the demo_seeds record it comes from."""
+    readme, record = root / "README.md", root / DEMO_RECORD
+    if not readme.exists():
+        return []
+    lines = readme.read_text().splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("|") and "over seeds" in line), None)
+    if start is None:
+        return ["README.md: no demo table headed '... over seeds ...' (the demo's figures as a range over seeds)"]
+    if not record.exists():
+        return [f"README.md: its demo table needs the record {DEMO_RECORD}, which does not exist"]
+    numbers, problems = record_numbers(record.read_text()), []
+    for i in range(start + 2, len(lines)):
+        if not lines[i].startswith("|"):
+            break
+        for cell in lines[i].strip("|").split("|")[1:]:
+            problems += [
+                f"README.md:{i + 1}: demo figure {t!r} is not in {DEMO_RECORD}"
+                for t in figures(cell)
+                if not contains(numbers, t, json_record=False)
+            ]
+    return problems
+
+
 def check(root: pathlib.Path) -> list[str]:
     """Every problem found, one line each (empty when BENCHMARKS.md and its records agree)."""
     root = pathlib.Path(root)
@@ -178,7 +204,7 @@ def check(root: pathlib.Path) -> list[str]:
         problems += _check_links(path, root, anchors)
     for path in records:
         problems += _check_modules(path, root)
-    return problems
+    return problems + readme_demo_problems(root)
 
 
 def main(argv=None) -> int:
