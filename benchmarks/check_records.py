@@ -7,9 +7,11 @@ Reads the ``## Summary`` table of ``BENCHMARKS.md`` and reports (exit status 1) 
 * a row links no record under ``benchmarks/results/`` (a row whose command cell starts with "same" shares the
   record of the row above; a row marked ``history`` with its date, e.g. "history (measured 2026-11-22, no
   record)", is a figure kept for the record of what was once measured and needs none);
+* a Markdown record of the row states no date (YYYY-MM-DD);
 * a number of the row's result cell is in none of its records. A record number matches a figure when it rounds to
   it at the precision shown ("+5.18" matches 5.184, "1.7e-5" matches 1.72e-05, "10,228" matches 10228); fractions
   stored in JSON match the percentages shown (0.303 for 30.3);
+* a number of README.md's demo table (the one headed "... over seeds ...") is not in the demo_seeds record;
 * a relative link of BENCHMARKS.md or of a Markdown record points to no file (or to no heading of BENCHMARKS.md);
 * a record names a module or script (``ce_retrieval/...py``, ``benchmarks/...py``, ``ce_retrieval.a.b``) that does
   not exist.
@@ -26,8 +28,10 @@ import re
 import sys
 
 RESULTS = "benchmarks/results/"
+DEMO_RECORD = "benchmarks/results/demo_seeds.md"
 NUMBER = re.compile(r"(?<![\w.])(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?(?:[eE][-−+]?\d+)?)")
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+DATE = re.compile(r"\b20\d{2}-\d{2}-\d{2}(?!\d)")
 HISTORY = re.compile(r"(?=.*\bhistory\b)(?=.*\b\d{4}-\d{2}-\d{2}\b)", re.IGNORECASE)
 MODULE_PATH = re.compile(r"\b((?:ce_retrieval|benchmarks|tests|scripts)/[\w/.\-]*\.(?:py|sh|yaml))\b")
 MODULE_DOTTED = re.compile(r"(?<![\w./])(ce_retrieval(?:\.[A-Za-z_]\w*)+)")
@@ -100,6 +104,11 @@ def contains(numbers: list[float], token: str, json_record: bool) -> bool:
     return any(abs(n - v) <= t for v, t in candidates for n in numbers)
 
 
+def _undated(name: str, text: str) -> bool:
+    """A Markdown record must say when its figures were measured (JSON records travel with their Markdown)."""
+    return name.endswith(".md") and not DATE.search(text)
+
+
 def _slug(heading: str) -> str:
     """GitHub's anchor of a Markdown heading."""
     text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
@@ -142,6 +151,30 @@ def _check_modules(path: pathlib.Path, root: pathlib.Path) -> list[str]:
     return problems
 
 
+def readme_demo_problems(root: pathlib.Path) -> list[str]:
+    """README's demo table (the one headed "min – max over seeds") against the demo_seeds record it comes from."""
+    readme, record = root / "README.md", root / DEMO_RECORD
+    if not readme.exists():
+        return []
+    lines = readme.read_text().splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("|") and "over seeds" in line), None)
+    if start is None:
+        return ["README.md: no demo table headed '... over seeds ...' (the demo's figures as a range over seeds)"]
+    if not record.exists():
+        return [f"README.md: its demo table needs the record {DEMO_RECORD}, which does not exist"]
+    numbers, problems = record_numbers(record.read_text()), []
+    for i in range(start + 2, len(lines)):
+        if not lines[i].startswith("|"):
+            break
+        for cell in lines[i].strip("|").split("|")[1:]:
+            problems += [
+                f"README.md:{i + 1}: demo figure {t!r} is not in {DEMO_RECORD}"
+                for t in figures(cell)
+                if not contains(numbers, t, json_record=False)
+            ]
+    return problems
+
+
 def check(root: pathlib.Path) -> list[str]:
     """Every problem found, one line each (empty when BENCHMARKS.md and its records agree)."""
     root = pathlib.Path(root)
@@ -161,6 +194,7 @@ def check(root: pathlib.Path) -> list[str]:
             problems.append(f"{where}: linked record {missing} does not exist")
             continue
         texts = {r: (root / r).read_text() for r in row.records}
+        problems += [f"{where}: record {r} states no date (YYYY-MM-DD)" for r, t in texts.items() if _undated(r, t)]
         numbers = {r: record_numbers(t) for r, t in texts.items()}
         for token in figures(row.result):
             if not any(contains(numbers[r], token, r.endswith(".json")) for r in row.records):
@@ -170,7 +204,7 @@ def check(root: pathlib.Path) -> list[str]:
         problems += _check_links(path, root, anchors)
     for path in records:
         problems += _check_modules(path, root)
-    return problems
+    return problems + readme_demo_problems(root)
 
 
 def main(argv=None) -> int:

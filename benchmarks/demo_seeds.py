@@ -14,6 +14,7 @@ records already on disk. The figures do not depend on the load; the seconds do (
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import pathlib
@@ -44,10 +45,22 @@ def run_seed(seed: int, workdir: pathlib.Path, extra: list[str]) -> dict:
 
 
 def read_record(seed_dir: pathlib.Path) -> dict:
+    """The run's ``record.json``, plus each model's last-epoch training figures from its ``train_summary.json``
+    (how far training got is what separates the seeds)."""
     path = seed_dir / "record.json"
     if not path.exists():
         raise SystemExit(f"{path} does not exist: run the demo there first (without --no_run)")
-    return json.loads(path.read_text())
+    record = json.loads(path.read_text())
+    record["training"] = {}
+    for model_dir in (seed_dir / "model", seed_dir / "baseline" / "model"):
+        summary = model_dir / "train_summary.json"
+        if summary.exists():
+            s = json.loads(summary.read_text())
+            history = s["history"] if isinstance(s["history"], dict) else ast.literal_eval(s["history"])
+            record["training"][s["loss"]] = {
+                k: history[k][-1] for k in ("loss", "in_batch_recall_at_1") if k in history
+            }
+    return record
 
 
 def value_range(records: list[dict]) -> dict:
@@ -98,6 +111,11 @@ def markdown(rng: dict, records: list[dict], command: str) -> str:
         "|---:|---|---:|---|",
     ]
     lines += [f"| {r['seed']} | {r['date']} | {r['seconds']} | {r['load_average_1_5_15']} |" for r in records]
+    lines += [
+        "",
+        "A seed whose workdir already held its trained models only re-ran evaluation, export, index and queries, so "
+        "its seconds are not a training time. The figures do not depend on the load.",
+    ]
     lines += ["", "Range over the seeds (min – max; test split):", ""]
     lines += ["| figure | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
     for key, (label, unit) in FIGURES.items():
@@ -108,6 +126,17 @@ def markdown(rng: dict, records: list[dict], command: str) -> str:
             cell = f"{fmt(lo, unit)} – {fmt(hi, unit)}" if lo is not None else "none"
             cells.append(cell + (f" ({missing} seed(s) without one)" if missing and lo is not None else ""))
         lines.append(f"| {label.strip()}{' (%)' if unit == '%' else ''} | " + " | ".join(cells) + " |")
+    if all(r.get("training") for r in records):
+        lines += ["", "Training, last epoch (from each model's train_summary.json): loss / in-batch R@1", ""]
+        lines += ["| seed | " + " | ".join(names) + " |", "|---:|" + "---:|" * len(names)]
+        for r in records:
+            cells = [
+                f"{r['training'][n]['loss']:.2f} / {r['training'][n]['in_batch_recall_at_1']:.2f}"
+                if n in r["training"]
+                else "-"
+                for n in names
+            ]
+            lines.append(f"| {r['seed']} | " + " | ".join(cells) + " |")
     lines += ["", "Per seed:", ""]
     lines += ["| figure | " + " | ".join(f"{n} seed {r['seed']}" for n in names for r in records) + " |"]
     lines += ["|---|" + "---:|" * (len(names) * len(records))]

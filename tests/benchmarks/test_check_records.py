@@ -33,7 +33,7 @@ GOOD_ROW = (
     "| `b.py` · **met** ([record](benchmarks/results/r.md)) |\n"
 )
 GOOD_RECORD = (
-    "eager 1.003x, graph 0.876x; answered 10228\n"
+    "Measured 2026-11-25. eager 1.003x, graph 0.876x; answered 10228\n"
     "Mining: `ce_retrieval/losses/fast_paths.py`, `ce_retrieval.losses.Foo`\n"
 )
 SELECTION = "names 'ce_retrieval/losses/selection.py'"
@@ -57,6 +57,7 @@ def test_a_consistent_copy_passes_and_rows_can_share_or_be_history(tmp_path):
         (GOOD_ROW.replace("0.88×", "0.87×"), GOOD_RECORD, "", "figure '0.87' is in none"),
         (GOOD_ROW.replace("10,228", "10,229"), GOOD_RECORD, "", "figure '10,229' is in none"),
         (GOOD_ROW.replace("r.md", "gone.md"), GOOD_RECORD, "", "does not exist"),
+        (GOOD_ROW, GOOD_RECORD.replace("Measured 2026-11-25. ", ""), "", "states no date"),
         (
             GOOD_ROW,
             GOOD_RECORD.replace("fast_paths.py", "selection.py"),
@@ -82,3 +83,19 @@ def test_figures_match_at_the_precision_shown():
     for token in ("1.8e-5", "5.19", "30.3", "12,560"):
         assert not check_records.contains(numbers, token, json_record=False), token
     assert check_records.contains(numbers, "30.3", json_record=True)  # JSON fractions shown as percentages
+
+
+def test_the_readme_demo_table_is_checked_against_the_demo_seeds_record(tmp_path):
+    root = _repo(tmp_path, GOOD_ROW, GOOD_RECORD)
+    readme = "# x\n\n| test split, min – max over seeds 0–4 | CE | SS |\n|---|---:|---:|\n"
+    readme += "| PR-AUC | 3.2 – 34.2 % | 4.3 % |\n"
+    (root / "README.md").write_text(readme)
+    assert check_records.readme_demo_problems(root) == [
+        "README.md: its demo table needs the record benchmarks/results/demo_seeds.md, which does not exist"
+    ]
+    (root / "benchmarks" / "results" / "demo_seeds.md").write_text("Date 2026-11-25. | 3.2 – 34.2 | 4.4 – 16.2 |\n")
+    assert check_records.readme_demo_problems(root) == [
+        "README.md:5: demo figure '4.3' is not in benchmarks/results/demo_seeds.md"
+    ]
+    (root / "README.md").write_text(readme.replace("4.3 %", "4.4 %"))
+    assert check_records.check(root) == []

@@ -6,6 +6,8 @@ import os
 import sys
 import types
 
+import pytest
+
 from ce_retrieval.cli import demo_record
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
@@ -84,3 +86,14 @@ def test_range_over_seeds_counts_seeds_without_a_value(tmp_path):
     )
     assert json.loads((tmp_path / "r.json").read_text())["range"]["runs"]["CE"]["pr_auc"] == [0.20, 0.34]
     assert "| global PR-AUC (%) | 20.0 – 34.0 |" in (tmp_path / "r.md").read_text()
+
+
+def test_the_shipped_range_is_well_formed():
+    shipped = demo_record.load_range()
+    if shipped is None:
+        pytest.fail(f"{demo_record.RANGE_FILE} is missing: run benchmarks/demo_seeds.py --package")
+    assert len(shipped["seeds"]) >= 3 and shipped["machine"]["cpu"]
+    for name in ("CrossExampleSoftmax", "SampledSoftmax"):
+        for key in demo_record.FIGURES:
+            lo, hi = shipped["runs"][name][key]
+            assert lo is None or lo <= hi, (name, key)
