@@ -27,6 +27,7 @@ from ce_retrieval.losses.margin_softmax import (
     ArcMarginSoftmax,
     LargeMarginSoftmax,
 )
+from ce_retrieval.losses.mixed_softmax import MixedSoftmax
 from ce_retrieval.losses.multi_similarity import MultiSimilarityLoss
 from ce_retrieval.losses.nca import NCALoss
 from ce_retrieval.losses.npair import InfoNCE, NPairLoss, SymmetricInfoNCE
@@ -69,6 +70,7 @@ __all__ = [
     "StochasticNegativeMining",
     "CrossExampleSoftmax",
     "CrossExampleNegativeMining",
+    "MixedSoftmax",
     "LargeMarginSoftmax",
     "AngularSoftmax",
     "AdditiveMarginSoftmax",

@@ -35,6 +35,7 @@ from ce_retrieval.losses import goal as _goal
 from ce_retrieval.losses import lifted as _lifted
 from ce_retrieval.losses import lmnn as _lmnn
 from ce_retrieval.losses import margin_softmax as _margin
+from ce_retrieval.losses import mixed_softmax as _mixed
 from ce_retrieval.losses import multi_similarity as _multi_similarity
 from ce_retrieval.losses import nca as _nca
 from ce_retrieval.losses import npair as _npair
@@ -86,6 +87,7 @@ large_margin_softmax = _validated(_margin.large_margin_softmax, _margin.LargeMar
 angular_softmax = _validated(_margin.angular_softmax, _margin.AngularSoftmax)
 additive_margin_softmax = _validated(_margin.additive_margin_softmax, _margin.AdditiveMarginSoftmax)
 arc_margin_softmax = _validated(_margin.arc_margin_softmax, _margin.ArcMarginSoftmax)
+mixed_softmax = _validated(_mixed.mixed_softmax, _mixed.MixedSoftmax)
 # The same family from embeddings and ids, over column tiles (no [N, M] matrix; validates its own inputs).
 tiled_softmax_loss = _tiled.tiled_softmax_loss
 # N-pair / InfoNCE.
@@ -132,6 +134,7 @@ __all__ = [
     "large_margin_softmax",
     "lifted_structure",
     "lmnn",
+    "mixed_softmax",
     "multi_similarity",
     "nca",
     "npair",

@@ -272,3 +272,10 @@ def threshold_consistent_margin(r, s, margin_plus=0.9, margin_minus=0.5, weight_
     pos_part = sum(pos) / len(pos) if pos else 0.0
     neg_part = sum(neg) / len(neg) if neg else 0.0
     return weight_plus * pos_part + weight_minus * neg_part
+
+
+def mixed_softmax(relevance, scores, scale=20.0, cross_weight=0.5):
+    """``(1 - α) · softmax(row negatives) + α · softmax(batch negatives)``, independently of the TF code."""
+    row = softmax(relevance, scores, scale, cross_example=False)
+    cross = softmax(relevance, scores, scale, cross_example=True)
+    return (1.0 - cross_weight) * row + cross_weight * cross

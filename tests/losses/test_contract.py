@@ -37,6 +37,7 @@ VARIANTS = {
     "StochasticNegativeMining": [dict(scale=15.0, negative_fraction=0.3, bidirectional=True), dict(top_k=3)],
     "CrossExampleSoftmax": [dict(scale=15.0, bidirectional=True)],
     "CrossExampleNegativeMining": [dict(scale=15.0, top_k=5, bidirectional=True), dict(negative_fraction=0.15)],
+    "MixedSoftmax": [dict(cross_weight=0.3, warmup_steps=100, scale=15.0, bidirectional=True)],
     "LargeMarginSoftmax": [dict(margin=3, scale=30.0, cross_example=True, bidirectional=True)],
     "AngularSoftmax": [
         dict(
@@ -110,6 +111,7 @@ CAPABILITIES = {
     "StochasticNegativeMining": (True, False, False, False),
     "CrossExampleSoftmax": (True, False, False, False),
     "CrossExampleNegativeMining": (True, False, False, False),
+    "MixedSoftmax": (True, False, True, False),
     "LargeMarginSoftmax": (True, False, False, False),
     "AngularSoftmax": (True, False, True, False),
     "AdditiveMarginSoftmax": (True, False, False, False),
@@ -314,6 +316,7 @@ def test_logit_bias_is_declared_where_it_is_a_hyperparameter():
 PLAIN = {
     "StochasticNegativeMining": dict(negative_fraction=1.0),
     "CrossExampleNegativeMining": dict(negative_fraction=1.0),
+    "MixedSoftmax": dict(cross_weight=0.0),  # the row softmax
     "LargeMarginSoftmax": dict(margin=1),
     "AngularSoftmax": dict(margin=1),
     "AdditiveMarginSoftmax": dict(margin=0.0),
