@@ -121,7 +121,10 @@ def train_heads(
     curve = {"step": [], "pr_auc": [], "t2i_r1": [], "loss": []}
     t0 = time.perf_counter()
     order, pos = rng.permutation(n), 0
+    annealed = getattr(loss, "annealed", False)  # a loss with a step schedule (MixedSoftmax's warm-up)
     for s in range(1, steps + 1):
+        if annealed:
+            loss.step.assign(s - 1)  # as AnnealingStepCallback: the optimizer's step before this batch
         if pos + batch > n:
             order, pos = rng.permutation(n), 0
         rows = order[pos : pos + batch]
