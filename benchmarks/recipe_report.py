@@ -1,0 +1,123 @@
+"""The record of issue 21 part 3: recipe candidates against SS, paired over seeds, on the demo and in the suite's
+heads regime on every family, and whether each meets the bar (PR-AUC >= SS and t->i R@1 >= SS - 0.5 points on
+every family and regime, paired over seeds).
+
+    python benchmarks/recipe_report.py --demo runs/recipe_demo.json --heads runs/recipe_heads \
+        --out benchmarks/results/recipe
+
+``--demo``: the JSON of ``benchmarks/recipe_seeds.py``; ``--heads``: the ``--out`` folder of
+``benchmarks/recipe_heads.py`` (one suite folder per recipe; SS and CE in the first). Writes ``<out>.json`` and
+``<out>.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import glob
+import json
+import os
+import pathlib
+import platform
+
+FIGS = (("pr_auc", "PR-AUC"), ("t2i_r1", "t→i R@1"), ("i2t_r1", "i→t R@1"), ("mean_calibration_error", "cal. err."))
+
+
+def heads_runs(folder: str) -> dict:
+    """``{family: {objective label: {seed: summary}}}`` from every recipe folder's heads runs (a recipe's label is
+    its folder name)."""
+    out: dict = {}
+    for path in sorted(glob.glob(os.path.join(folder, "*", "runs", "heads", "*", "*.json"))):
+        doc = json.loads(pathlib.Path(path).read_text())
+        label = doc["run_name"]
+        if label == "recipe":
+            label = pathlib.Path(path).parents[3].name
+        out.setdefault(doc["family"], {}).setdefault(label, {})[doc["config"]["train"]["seed"]] = doc["summary"]
+    return out
+
+
+def paired(runs: dict, label: str, base: str = "SS") -> dict:
+    """Paired differences of ``label`` to ``base`` (points) over the seeds both have, and the bar per seed."""
+    seeds = sorted(set(runs[label]) & set(runs[base]))
+    d = {k: [100 * ((runs[label][s].get(k) or 0) - (runs[base][s].get(k) or 0)) for s in seeds] for k, _ in FIGS}
+    meets = [d["pr_auc"][i] >= 0 and d["t2i_r1"][i] >= -0.5 for i in range(len(seeds))]
+    return {"seeds": seeds, "delta": d, "meets": meets}
+
+
+def _row(name: str, p: dict) -> str:
+    d = p["delta"]
+    mean = {k: sum(v) / len(v) for k, v in d.items()}
+    return (
+        f"| {name} | {len(p['seeds'])} | {mean['pr_auc']:+.2f} (min {min(d['pr_auc']):+.2f}) | "
+        f"{mean['t2i_r1']:+.2f} (min {min(d['t2i_r1']):+.2f}) | {mean['i2t_r1']:+.2f} | "
+        f"{mean['mean_calibration_error']:+.2f} | {sum(p['meets'])}/{len(p['meets'])} |"
+    )
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--demo", required=True)
+    p.add_argument("--heads", required=True)
+    p.add_argument("--out", default="benchmarks/results/recipe")
+    args = p.parse_args(argv)
+    demo = json.loads(pathlib.Path(args.demo).read_text())
+    demo_runs = {n: {int(s): r["summary"] for s, r in v.items()} for n, v in demo["runs"].items()}
+    heads = heads_runs(args.heads)
+    table = {"demo (scratch, 500 steps)": demo_runs, **{f"heads / {f}": r for f, r in sorted(heads.items())}}
+    record = {
+        "command": "python benchmarks/recipe_report.py " + " ".join(argv or __import__("sys").argv[1:]),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
+        "demo_command": demo["command"],
+        "demo_candidates": demo["candidates"],
+        "paired": {
+            where: {n: paired(runs, n) for n in runs if n != "SS" and "SS" in runs} for where, runs in table.items()
+        },
+        "demo_curves": {n: {s: r["curve"] for s, r in v.items()} for n, v in demo["runs"].items()},
+    }
+    names = sorted({n for v in record["paired"].values() for n in v})
+    verdict = {
+        n: all(all(v[n]["meets"]) for v in record["paired"].values() if n in v)
+        and all(n in v for v in record["paired"].values())
+        for n in names
+    }
+    record["meets_bar_everywhere"] = verdict
+    lines = [
+        "# Issue 21, part 3: recipe candidates against Sampled Softmax, paired over seeds",
+        "",
+        f"    {record['command']}",
+        f"    {demo['command']}",
+        "",
+        f"Date {record['date']}; machine {record['machine']}; load average {record['load_average_1_5_15']} "
+        "(2 cores shared by several jobs; the figures do not depend on the load). Δ: candidate − SS in points, "
+        "paired by seed; *bar*: seeds where Δ PR-AUC ≥ 0 and Δ t→i R@1 ≥ −0.5.",
+        "",
+    ]
+    for where, by_name in record["paired"].items():
+        lines += [f"## {where}", "", "| objective | seeds | Δ PR-AUC | Δ t→i R@1 | Δ i→t R@1 | Δ cal. err. | bar |"]
+        lines += ["|---|---:|---:|---:|---:|---:|---:|"]
+        lines += [_row(n, p) for n, p in sorted(by_name.items())]
+        runs = table[where]
+        lines += ["", "| objective | seed | " + " | ".join(t for _, t in FIGS) + " |", "|---|---:|" + "---:|" * 4]
+        for n in sorted(runs):
+            for s in sorted(runs[n]):
+                vals = [runs[n][s].get(k) for k, _ in FIGS]
+                lines.append(
+                    f"| {n} | {s} | " + " | ".join("-" if v is None else f"{100 * v:.2f}" for v in vals) + " |"
+                )
+        lines.append("")
+    lines += ["## Meets the bar on every family and regime", ""]
+    lines += [f"- {n}: {'yes' if ok else 'no'}" for n, ok in verdict.items()]
+    lines += ["", "## Demo training curves (per epoch of 100 steps): loss; in-batch R@1", ""]
+    for n, by_seed in record["demo_curves"].items():
+        for s, c in sorted(by_seed.items()):
+            lines.append(f"- {n} seed {s}: {c['loss']}; {c.get('in_batch_recall_at_1')}")
+    pathlib.Path(args.out + ".json").write_text(json.dumps(record, indent=1))
+    pathlib.Path(args.out + ".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
