@@ -37,7 +37,11 @@ def main(argv=None) -> int:
     p.add_argument("--families", nargs="*", default=list(cs.FAMILIES))
     p.add_argument("--image_epochs", type=int, default=13)
     p.add_argument("--caption_epochs", type=int, default=3)
+    p.add_argument("--scale", type=float, default=None, help="λ of the recipes (default 20; SS, CE keep 20)")
+    p.add_argument("--baselines", action="store_true", help="also train SS and CE in every recipe's folder")
     args = p.parse_args(argv)
+    if args.scale is not None:
+        _recipe_scale(so, args.scale)
     pretrain = PretrainConfig(image_epochs=args.image_epochs, caption_epochs=args.caption_epochs)
     for k, spec in enumerate(args.recipe):
         label, text = spec.split("=", 1)
@@ -53,7 +57,7 @@ def main(argv=None) -> int:
             regimes=("heads",),
             seeds=args.seeds,
             pretrain=pretrain,
-            heads_objectives=("SS", "CE") if k == 0 else (),
+            heads_objectives=("SS", "CE") if k == 0 or args.baselines else (),
         )
         result = cs.run_plan(plan, folder, recipe=so.recipe_objective(json.loads(text)))
         for doc in result["runs"]:
@@ -64,6 +68,18 @@ def main(argv=None) -> int:
                 flush=True,
             )
     return 0
+
+
+def _recipe_scale(so, scale: float) -> None:
+    """The heads regime builds every objective with λ = ``so.SCALE``; give the recipe slot λ = ``scale`` (its
+    objective is built by ``recipe_objective``, the named objectives keep theirs)."""
+    named = [id(o) for o in so.OBJECTIVES.values()]  # by identity: a recipe may equal a named objective
+    heads_loss = so.heads_loss
+
+    def scaled(objective, scale_=so.SCALE):
+        return heads_loss(objective, scale_ if id(objective) in named else scale)
+
+    so.heads_loss = scaled
 
 
 if __name__ == "__main__":
