@@ -39,6 +39,7 @@ def main(argv=None) -> int:
     p.add_argument("--caption_epochs", type=int, default=3)
     p.add_argument("--scale", type=float, default=None, help="λ of the recipes (default 20; SS, CE keep 20)")
     p.add_argument("--baselines", action="store_true", help="also train SS and CE in every recipe's folder")
+    p.add_argument("--no_baselines", action="store_true", help="train no SS and CE (another invocation did)")
     args = p.parse_args(argv)
     if args.scale is not None:
         _recipe_scale(so, args.scale)
@@ -57,7 +58,7 @@ def main(argv=None) -> int:
             regimes=("heads",),
             seeds=args.seeds,
             pretrain=pretrain,
-            heads_objectives=("SS", "CE") if k == 0 or args.baselines else (),
+            heads_objectives=("SS", "CE") if (k == 0 and not args.no_baselines) or args.baselines else (),
         )
         result = cs.run_plan(plan, folder, recipe=so.recipe_objective(json.loads(text)))
         for doc in result["runs"]:
