@@ -30,17 +30,21 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 FIGS = ("pr_auc", "t2i_r1", "i2t_r1", "mean_calibration_error")
 
 
-def run_one(name: str, overrides: str, seed: int, workdir: pathlib.Path, skip_started: bool = False) -> dict | None:
+def run_one(
+    name: str, overrides: str, seed: int, workdir: pathlib.Path, skip_started: bool = False, no_run: bool = False
+) -> dict | None:
     """Train + evaluate one (candidate, seed); returns its test summary and training curve (``None``: skipped,
-    ``skip_started`` and another invocation has started it)."""
+    ``skip_started`` and another invocation has started it, or ``no_run`` and it has not run)."""
     out = workdir / name / f"seed{seed}"
     model_dir, eval_json = out / "model", out / "model" / "eval" / "eval_test.json"
-    out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
+    if not eval_json.exists() and no_run:
+        return None
     if not eval_json.exists() and (out / "run.log").exists() and skip_started:
         print(f"{name} seed {seed}: started by another invocation, skipped", flush=True)
         return None
     if not eval_json.exists():
+        out.mkdir(parents=True, exist_ok=True)
         py = [sys.executable, "-m", "ce_retrieval.cli"]
         ov = f"train.seed={seed}" + (f",{overrides}" if overrides else "")
         with open(out / "run.log", "w") as log:
@@ -69,6 +73,7 @@ def main(argv=None) -> int:
     p.add_argument("--workdir", default="runs/recipe")
     p.add_argument("--baseline_dir", default=None, help="a demo_seeds.py workdir with CE and SS of each seed")
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--no_run", action="store_true", help="only collect the runs already on disk")
     p.add_argument("--skip_started", action="store_true", help="leave runs another invocation has started")
     p.add_argument("--out", default="benchmarks/results/recipe_demo")
     args = p.parse_args(argv)
@@ -79,7 +84,7 @@ def main(argv=None) -> int:
     jobs = [(n, o, s) for s in args.seeds for n, o in cands.items()]  # seed-major: paired results come early
     runs: dict = {}
     with concurrent.futures.ThreadPoolExecutor(args.workers) as pool:
-        futures = {pool.submit(run_one, n, o, s, workdir, args.skip_started): (n, s) for n, o, s in jobs}
+        futures = {pool.submit(run_one, n, o, s, workdir, args.skip_started, args.no_run): (n, s) for n, o, s in jobs}
         for f in concurrent.futures.as_completed(futures):
             n, s = futures[f]
             if (result := f.result()) is not None:
