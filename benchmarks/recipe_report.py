@@ -39,18 +39,30 @@ def heads_runs(folder: str) -> dict:
 def paired(runs: dict, label: str, base: str = "SS") -> dict:
     """Paired differences of ``label`` to ``base`` (points) over the seeds both have, and the bar per seed."""
     seeds = sorted(set(runs[label]) & set(runs[base]))
-    d = {k: [100 * ((runs[label][s].get(k) or 0) - (runs[base][s].get(k) or 0)) for s in seeds] for k, _ in FIGS}
+
+    def delta(k, s):
+        a, b = runs[label][s].get(k), runs[base][s].get(k)
+        return None if a is None or b is None else 100 * (a - b)
+
+    d = {k: [delta(k, s) for s in seeds] for k, _ in FIGS}
     meets = [d["pr_auc"][i] >= 0 and d["t2i_r1"][i] >= -0.5 for i in range(len(seeds))]
-    return {"seeds": seeds, "delta": d, "meets": meets}
+    mean_pr, mean_r1 = _mean(d["pr_auc"]), _mean(d["t2i_r1"])
+    return {"seeds": seeds, "delta": d, "meets": meets, "meets_on_mean": mean_pr >= 0 and mean_r1 >= -0.5}
+
+
+def _mean(values) -> float | None:
+    present = [v for v in values if v is not None]
+    return sum(present) / len(present) if present else None
 
 
 def _row(name: str, p: dict) -> str:
     d = p["delta"]
-    mean = {k: sum(v) / len(v) for k, v in d.items()}
+    mean = {k: _mean(v) for k, v in d.items()}
+    cal = "n/a" if mean["mean_calibration_error"] is None else f"{mean['mean_calibration_error']:+.2f}"
     return (
         f"| {name} | {len(p['seeds'])} | {mean['pr_auc']:+.2f} (min {min(d['pr_auc']):+.2f}) | "
         f"{mean['t2i_r1']:+.2f} (min {min(d['t2i_r1']):+.2f}) | {mean['i2t_r1']:+.2f} | "
-        f"{mean['mean_calibration_error']:+.2f} | {sum(p['meets'])}/{len(p['meets'])} |"
+        f"{cal} | {sum(p['meets'])}/{len(p['meets'])} | {'yes' if p['meets_on_mean'] else 'no'} |"
     )
 
 
@@ -77,9 +89,12 @@ def main(argv=None) -> int:
         "demo_curves": {n: {s: r["curve"] for s, r in v.items()} for n, v in demo["runs"].items()},
     }
     names = sorted({n for v in record["paired"].values() for n in v})
+    everywhere = {n: all(n in v for v in record["paired"].values()) for n in names}
     verdict = {
-        n: all(all(v[n]["meets"]) for v in record["paired"].values() if n in v)
-        and all(n in v for v in record["paired"].values())
+        n: {
+            "every_seed": everywhere[n] and all(all(v[n]["meets"]) for v in record["paired"].values() if n in v),
+            "paired_means": everywhere[n] and all(v[n]["meets_on_mean"] for v in record["paired"].values() if n in v),
+        }
         for n in names
     }
     record["meets_bar_everywhere"] = verdict
@@ -91,12 +106,14 @@ def main(argv=None) -> int:
         "",
         f"Date {record['date']}; machine {record['machine']}; load average {record['load_average_1_5_15']} "
         "(2 cores shared by several jobs; the figures do not depend on the load). Δ: candidate − SS in points, "
-        "paired by seed; *bar*: seeds where Δ PR-AUC ≥ 0 and Δ t→i R@1 ≥ −0.5.",
+        "paired by seed; *bar (seeds)*: seeds where Δ PR-AUC ≥ 0 and Δ t→i R@1 ≥ −0.5; *bar (means)*: "
+        "the same on the paired means.",
         "",
     ]
     for where, by_name in record["paired"].items():
-        lines += [f"## {where}", "", "| objective | seeds | Δ PR-AUC | Δ t→i R@1 | Δ i→t R@1 | Δ cal. err. | bar |"]
-        lines += ["|---|---:|---:|---:|---:|---:|---:|"]
+        head = "| objective | seeds | Δ PR-AUC | Δ t→i R@1 | Δ i→t R@1 | Δ cal. err. | bar (seeds) | bar (means) |"
+        lines += [f"## {where}", "", head]
+        lines += ["|---|---:|---:|---:|---:|---:|---:|---:|"]
         lines += [_row(n, p) for n, p in sorted(by_name.items())]
         runs = table[where]
         lines += ["", "| objective | seed | " + " | ".join(t for _, t in FIGS) + " |", "|---|---:|" + "---:|" * 4]
@@ -108,7 +125,11 @@ def main(argv=None) -> int:
                 )
         lines.append("")
     lines += ["## Meets the bar on every family and regime", ""]
-    lines += [f"- {n}: {'yes' if ok else 'no'}" for n, ok in verdict.items()]
+    lines += ["(Only objectives measured in every regime and family can; per seed / on the paired means.)", ""]
+    lines += [
+        f"- {n}: every seed {'yes' if v['every_seed'] else 'no'}; paired means {'yes' if v['paired_means'] else 'no'}"
+        for n, v in verdict.items()
+    ]
     lines += ["", "## Demo training curves (per epoch of 100 steps): loss; in-batch R@1", ""]
     for n, by_seed in record["demo_curves"].items():
         for s, c in sorted(by_seed.items()):
