@@ -9,11 +9,10 @@ with, for logits l = λ·S and P the positive pairs,
     L_cross = 1/|P| Σ_{(i,j)∈P} softplus(log Σ_{s∈Neg}   e^s − l_ij)     (``CrossExampleSoftmax``)
 
 Why. L_row only ranks each query's documents; L_cross also shares one partition function Z over the B² pairs,
-so it pushes every row's scores onto one scale (global calibration). From random initialisation that shared Z
-is dominated by the rows whose scores are highest overall, and on the demo a CE run trains far more slowly
-than a Sampled Softmax run of the same seed (in-batch R@1 after 200 steps 0.06-0.08 vs 0.11-0.26 on three of
-five seeds; benchmarks/results/recipe.md). The row term keeps the ranking signal of every query; the cross term
-keeps the calibration. α = 0 is Sampled Softmax, α = 1 (no warm-up) Cross-Example Softmax, exactly.
+so it pushes every row's scores onto one scale (global calibration). The mixture keeps the ranking signal of
+every query and part of the calibration. α = 0 is Sampled Softmax, α = 1 (no warm-up) Cross-Example Softmax,
+exactly. Measured in benchmarks/results/recipe.md: between SS and CE in the converged heads regime; it does not
+cure CE's slow start from scratch at λ = 20 on the demo (a lower λ does).
 
 The warm-up reads a training-step variable ``step`` that :class:`~ce_retrieval.losses.AnnealingStepCallback`
 keeps equal to the optimizer's step (the retrieval task adds it for every ``annealed`` loss). Dense path only:
