@@ -71,13 +71,15 @@ def main(argv=None) -> int:
     p.add_argument("--demo", required=True)
     p.add_argument("--heads", required=True)
     p.add_argument("--out", default="benchmarks/results/recipe")
+    p.add_argument("--note", action="append", default=[], help="a paragraph for the record's header")
     args = p.parse_args(argv)
     demo = json.loads(pathlib.Path(args.demo).read_text())
     demo_runs = {n: {int(s): r["summary"] for s, r in v.items()} for n, v in demo["runs"].items()}
     heads = heads_runs(args.heads)
     table = {"demo (scratch, 500 steps)": demo_runs, **{f"heads / {f}": r for f, r in sorted(heads.items())}}
     record = {
-        "command": "python benchmarks/recipe_report.py " + " ".join(argv or __import__("sys").argv[1:]),
+        "command": f"python benchmarks/recipe_report.py --demo {args.demo} --heads {args.heads} --out {args.out}"
+        + " --note ..." * len(args.note),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
@@ -109,6 +111,7 @@ def main(argv=None) -> int:
         "paired by seed; *bar (seeds)*: seeds where Δ PR-AUC ≥ 0 and Δ t→i R@1 ≥ −0.5; *bar (means)*: "
         "the same on the paired means.",
         "",
+        *[line for note in args.note for line in (note, "")],
     ]
     for where, by_name in record["paired"].items():
         head = "| objective | seeds | Δ PR-AUC | Δ t→i R@1 | Δ i→t R@1 | Δ cal. err. | bar (seeds) | bar (means) |"
