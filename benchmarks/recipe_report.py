@@ -71,6 +71,7 @@ def main(argv=None) -> int:
     p.add_argument("--demo", required=True)
     p.add_argument("--heads", required=True)
     p.add_argument("--out", default="benchmarks/results/recipe")
+    p.add_argument("--versus", action="append", default=[], help="A:B also pairs A against B (e.g. the same λ)")
     p.add_argument("--note", action="append", default=[], help="a paragraph for the record's header")
     args = p.parse_args(argv)
     demo = json.loads(pathlib.Path(args.demo).read_text())
@@ -88,14 +89,23 @@ def main(argv=None) -> int:
         "paired": {
             where: {n: paired(runs, n) for n in runs if n != "SS" and "SS" in runs} for where, runs in table.items()
         },
+        "versus": {
+            where: {
+                f"{a} vs {b}": paired(runs, a, b)
+                for a, b in (v.split(":") for v in args.versus)
+                if a in runs and b in runs and set(runs[a]) & set(runs[b])
+            }
+            for where, runs in table.items()
+        },
         "demo_curves": {n: {s: r["curve"] for s, r in v.items()} for n, v in demo["runs"].items()},
     }
-    names = sorted({n for v in record["paired"].values() for n in v})
-    everywhere = {n: all(n in v for v in record["paired"].values()) for n in names}
+    merged = {where: {**record["paired"][where], **record["versus"][where]} for where in record["paired"]}
+    names = sorted({n for v in merged.values() for n in v})
+    everywhere = {n: all(n in v for v in merged.values()) for n in names}
     verdict = {
         n: {
-            "every_seed": everywhere[n] and all(all(v[n]["meets"]) for v in record["paired"].values() if n in v),
-            "paired_means": everywhere[n] and all(v[n]["meets_on_mean"] for v in record["paired"].values() if n in v),
+            "every_seed": everywhere[n] and all(all(v[n]["meets"]) for v in merged.values() if n in v),
+            "paired_means": everywhere[n] and all(v[n]["meets_on_mean"] for v in merged.values() if n in v),
         }
         for n in names
     }
@@ -118,6 +128,7 @@ def main(argv=None) -> int:
         lines += [f"## {where}", "", head]
         lines += ["|---|---:|---:|---:|---:|---:|---:|---:|"]
         lines += [_row(n, p) for n, p in sorted(by_name.items())]
+        lines += [_row(n, p) for n, p in sorted(record["versus"][where].items())]
         runs = table[where]
         lines += ["", "| objective | seed | " + " | ".join(t for _, t in FIGS) + " |", "|---|---:|" + "---:|" * 4]
         for n in sorted(runs):
