@@ -12,7 +12,7 @@ Why. L_row only ranks each query's documents; L_cross also shares one partition 
 so it pushes every row's scores onto one scale (global calibration). The mixture keeps the ranking signal of
 every query and part of the calibration. α = 0 is Sampled Softmax, α = 1 (no warm-up) Cross-Example Softmax,
 exactly. Measured in benchmarks/results/recipe.md: between SS and CE in the converged heads regime; it does not
-cure CE's slow start from scratch at λ = 20 on the demo (a lower λ does).
+cure CE's slow start from scratch at λ = 20 on the demo (a lower λ does, for SS as well).
 
 The warm-up reads a training-step variable ``step`` that :class:`~ce_retrieval.losses.AnnealingStepCallback`
 keeps equal to the optimizer's step (the retrieval task adds it for every ``annealed`` loss). Dense path only:
