@@ -242,6 +242,8 @@ def test_scann_shards_merge_exactly_and_reach_the_target_recall(scann_sharded):
 def test_sharded_threshold_equals_the_single_index(scann_sharded, tau):
     single = GalleryIndex("single", {"params": {}}, X, IDS, None)  # exact brute force over the whole gallery
     want = single.threshold(QUERIES, tau)
+    for shard in scann_sharded["index"].shards:  # exact threshold search on every shard
+        shard.threshold_params = None
     got = scann_sharded["index"].threshold(QUERIES, tau)
     _assert_same_threshold_answer(got, want, QUERIES, X, IDS, tau)
 
