@@ -54,9 +54,10 @@ class BallPartitions:
     def num_leaves(self) -> int:
         return len(self.radii)
 
-    def candidate_leaves(self, queries: np.ndarray, threshold: float) -> np.ndarray:
-        """bool [B, L]: leaves that may hold an item scoring >= threshold for each query."""
-        qc = queries @ self.centers.T
+    def candidate_leaves(self, queries: np.ndarray, threshold: float, qc: np.ndarray | None = None) -> np.ndarray:
+        """bool [B, L]: leaves that may hold an item scoring >= threshold for each query (``qc``: the queries'
+        products with the centres, when already computed)."""
+        qc = queries @ self.centers.T if qc is None else qc
         dot_ok = qc + self.radii[None, :] >= threshold - _SLACK
         dist_sq = np.maximum(1.0 - 2.0 * qc + np.sum(self.centers**2, axis=1)[None, :], 0.0)
         ball_ok = np.sqrt(dist_sq) - self.radii[None, :] <= np.sqrt(max(2.0 - 2.0 * threshold, 0.0)) + _SLACK
@@ -124,14 +125,15 @@ def _union_rows(partitions: BallPartitions, leaves: np.ndarray) -> np.ndarray:
     return first + np.arange(int(sizes.sum()))
 
 
-def _plan(partitions: BallPartitions, q: np.ndarray, threshold: float, n: int) -> tuple[str, object]:
-    """The cheapest way to score one batch: ``("scan", None)``, ``("union", rows)`` or ``("pairs", cand)``."""
-    cand = partitions.candidate_leaves(q, threshold)
+def _plan(partitions: BallPartitions, cand: np.ndarray, n: int) -> tuple[str, object]:
+    """The cheapest way to score one batch whose admitted leaves are ``cand`` (bool [B, L]): ``("scan", None)``,
+    ``("union", rows)`` or ``("pairs", cand)``."""
+    b = len(cand)
     sizes = np.diff(partitions.offsets)
     leaves = np.flatnonzero(cand.any(axis=0))
     costs = {
-        "scan": float(len(q) * n),
-        "union": _GATHER_COST * len(q) * float(sizes[leaves].sum()),
+        "scan": float(b * n),
+        "union": _GATHER_COST * b * float(sizes[leaves].sum()),
         "pairs": _SMALL_PRODUCT_COST * float(cand.sum(axis=0) @ sizes) + _LEAF_COST * len(leaves),
     }
     plan = min(costs, key=costs.get)
@@ -177,15 +179,15 @@ def threshold_search(
     scores: list[np.ndarray] = []
     scored = 0
     n = len(gallery)
-    # batch queries near the same leaf together: the leaves a batch admits overlap
-    by_leaf = (
-        np.argsort(np.argmax(queries @ partitions.centers.T, axis=1), kind="stable")
-        if partitions is not None and len(queries) > query_batch
-        else np.arange(len(queries))
-    )
+    by_leaf, cand = np.arange(len(queries)), None
+    if partitions is not None:  # bounds of every query in one product (many small products stall BLAS threads)
+        qc = queries @ partitions.centers.T
+        cand = partitions.candidate_leaves(queries, threshold, qc)
+        by_leaf = np.argsort(np.argmax(qc, axis=1), kind="stable")  # a batch's queries admit similar leaves
     for b in range(0, len(queries), query_batch):
-        q = queries[by_leaf[b : b + query_batch]]
-        plan, what = ("scan", None) if partitions is None else _plan(partitions, q, threshold, n)
+        batch = by_leaf[b : b + query_batch]
+        q = queries[batch]
+        plan, what = ("scan", None) if cand is None else _plan(partitions, cand[batch], n)
         hit_q, hit_row, hit_s = [], [], []
         for qi, block, where in _blocks(plan, what, q, gallery, None if partitions is None else partitions.offsets):
             scored += block.size
