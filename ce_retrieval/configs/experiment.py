@@ -1,7 +1,7 @@
 """The experiment config: data, model, loss, training and evaluation, as one typed tree.
 
 YAML files in ``configs/`` fill it (``configs/synthetic_demo.yaml`` is the embedded default); see
-:mod:`ce_retrieval.configs.base` for the loading and override rules.
+:mod:`ce_retrieval.utils.dataclass_yaml` for the loading and override rules.
 """
 
 from __future__ import annotations

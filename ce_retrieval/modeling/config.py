@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import field
 
-from ce_retrieval.configs.base import from_dict
+from ce_retrieval.utils.dataclass_yaml import from_dict
 
 TEXT_KINDS = ("bert", "hub")
 TEXT_POOLINGS = ("cls", "pooled", "mean")

@@ -160,6 +160,38 @@ def _check_probes(saved_model_dir: str, input_name: str, inputs, expected: np.nd
         )
 
 
+SCORING_PARAMETERS = ("logit_scale",)  # the model's scalars that turn a cosine into a logit; each a manifest field
+
+
+def scoring_parameters(model) -> dict[str, float]:
+    """The scoring parameters of a two-tower ``model`` read from the model itself, e.g. ``{"logit_scale": λ}``
+    for ``l = λ·cos``: the learned value when the model learns it (``model.learn_logit_scale``), never the
+    configured initial one. A parameter the model does not have is left out (the manifest then records None)."""
+    out = {}
+    for name in SCORING_PARAMETERS:
+        value = getattr(model, name, None)
+        if value is not None:
+            out[name] = float(np.asarray(value))
+    return out
+
+
+def export_model(
+    model, export_dir: str, version: int | None = None, metadata: dict | None = None, *, verify: bool = True
+) -> ExportPaths:
+    """Both towers of a trained two-tower ``model`` (``model.text_encoder`` / ``.image_encoder``) with its
+    :func:`scoring_parameters`, as :func:`export_encoders` writes them: what ``ce-retrieval export`` and
+    ``ce-retrieval demo`` publish, so the two commands write the same manifest for the same model."""
+    return export_encoders(
+        model.text_encoder,
+        model.image_encoder,
+        export_dir,
+        version,
+        metadata,
+        verify=verify,
+        **scoring_parameters(model),
+    )
+
+
 def export_encoders(
     text_encoder,
     image_encoder,
