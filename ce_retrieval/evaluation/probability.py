@@ -57,6 +57,22 @@ class ProbabilityMap:
     def __call__(self, scores) -> np.ndarray:
         return np.interp(np.asarray(scores, np.float64), self.knots_x, self.knots_y)
 
+    def min_score(self, probability: float) -> float | None:
+        """The lowest score whose mapped probability is at least ``probability`` (-1, the lowest cosine, when every
+        score reaches it; None when none does), so "p(s) >= m" is the threshold query "s >= min_score(m)"."""
+        m = float(probability)
+        y, x = self.knots_y, self.knots_x
+        if m > y[-1]:
+            return None
+        j = int(np.searchsorted(y, m, side="left"))  # first knot with y >= m
+        if j == 0:
+            return -1.0
+        t = x[j - 1] + (m - y[j - 1]) * (x[j] - x[j - 1]) / (y[j] - y[j - 1])
+        t = float(min(max(t, x[j - 1]), x[j]))
+        while self(t) < m:  # rounding: step up to the first float whose probability reaches m
+            t = float(np.nextafter(t, np.inf))
+        return t
+
     def to_json(self) -> dict:
         return {
             "format": FORMAT,
