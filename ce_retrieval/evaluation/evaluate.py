@@ -9,6 +9,8 @@
 * each query's own best-F1 threshold and their spread (``query_thresholds``, see ``transfer``),
 * optionally, given thresholds calibrated on another split (``calibration_split``, usually validation), the
   precision each achieves on this split (``transfer``: the promise a shipped threshold makes, checked),
+* with a calibration split, the score -> P(relevant) map fitted there (``probability``) measured here: expected
+  calibration error, overall and per query group, and its reliability diagram,
 
 and, given ``output_dir``, writes ``eval_<split>.json`` (figures, config, git commit, dataset fingerprint,
 run name) and the plots (``pr_curve_<split>.png``, ``score_distribution_<split>.png``,
@@ -30,6 +32,7 @@ import numpy as np
 
 from ce_retrieval.evaluation.calibration import global_pr_auc
 from ce_retrieval.evaluation.embed import embed_split, embed_strings
+from ce_retrieval.evaluation.probability import ProbabilityMap, fit_probability_map, reliability
 from ce_retrieval.evaluation.retrieval import ann_recall_loss, recall_at_k, recall_with_distractors
 from ce_retrieval.evaluation.search import exact_search
 from ce_retrieval.evaluation.transfer import (
@@ -97,9 +100,10 @@ def evaluate_embeddings(
     distractor_ks=(1, 5, 10, 100),
     ann_search_fn=None,
     calibration_thresholds: dict | None = None,
+    probability_map: ProbabilityMap | None = None,
 ) -> dict:
     """All metrics from embeddings: ``{"recall", "calibration", "distractors" (or None), "ann" (or None),
-    "query_thresholds", "transfer" (or None)}``.
+    "query_thresholds", "transfer" (or None), "probability" (or None)}``.
 
     ``calibration_thresholds``: ``{precision level: score threshold or None}`` chosen on another split (its
     ``global_pr_auc(...)["threshold_at_precision"]``); ``transfer`` is then ``threshold_transfer`` of them on
@@ -112,7 +116,10 @@ def evaluate_embeddings(
         "ann": None,
         "query_thresholds": per_query_thresholds(query_emb, doc_emb, query_ids, doc_ids),
         "transfer": None,
+        "probability": None,
     }
+    if probability_map is not None:  # fitted on another split: its calibration here (ECE, reliability diagram)
+        metrics["probability"] = reliability(probability_map, query_emb, doc_emb, query_ids, doc_ids)
     if calibration_thresholds is not None:
         metrics["transfer"] = threshold_transfer(calibration_thresholds, query_emb, doc_emb, query_ids, doc_ids)
     if distractor_emb is not None:
@@ -142,6 +149,8 @@ def summary(metrics: dict) -> dict:
         for k, v in metrics["distractors"]["t2i"].items():
             out[f"dis_t2i_r{k}"] = v
     out.update(calibration_summary(metrics.get("transfer"), metrics.get("query_thresholds")))
+    prob = metrics.get("probability") or {}
+    out["probability_ece"], out["probability_ece_top"] = prob.get("ece"), prob.get("ece_top")
     return out
 
 
@@ -190,10 +199,10 @@ def evaluate_model(
     embed_seconds = time.perf_counter() - start
     fingerprint = dataset_fingerprint(split)
     seconds = {"embed": embed_seconds}
-    calibration_source = None
+    calibration_source, probability_map = None, None
     if calibration_split is not None:
         t0 = time.perf_counter()
-        calibration_thresholds, calibration_source = _calibrate(
+        calibration_thresholds, calibration_source, probability_map = _calibrate(
             text_encoder, image_encoder, calibration_split, batch_size
         )
         calibration_source["same_as_evaluated"] = calibration_source["dataset_fingerprint"] == fingerprint
@@ -208,6 +217,7 @@ def evaluate_model(
         distractor_ks=distractor_ks,
         ann_search_fn=None if ann_factory is None else ann_factory(doc_emb),
         calibration_thresholds=calibration_thresholds,
+        probability_map=probability_map,
     )
     result = {
         "schema_version": SCHEMA_VERSION,
@@ -247,19 +257,26 @@ def evaluate_model(
     return _jsonable(result)
 
 
-def _calibrate(text_encoder, image_encoder, calibration_split, batch_size) -> tuple[dict, dict]:
-    """Thresholds for ``RELIABILITY_LEVELS`` calibrated on ``calibration_split``, and a record of that split."""
+def _calibrate(text_encoder, image_encoder, calibration_split, batch_size) -> tuple[dict, dict, ProbabilityMap]:
+    """Thresholds for ``RELIABILITY_LEVELS`` calibrated on ``calibration_split``, a record of that split (with the
+    probability map), and the score -> P(relevant) map fitted on it."""
     q, d, qi, di = embed_split(text_encoder, image_encoder, calibration_split, batch_size)
     cal = global_pr_auc(q, d, qi, di, target_precisions=RELIABILITY_LEVELS)
     thresholds = cal["threshold_at_precision"]
-    return thresholds, {
-        "name": calibration_split.name,
-        "dataset_fingerprint": dataset_fingerprint(calibration_split),
-        "num_captions": len(calibration_split.captions),
-        "num_images": len(calibration_split.images),
-        "pr_auc": cal["pr_auc"],
-        "threshold_at_precision": thresholds,
-    }
+    pmap = fit_probability_map(q, d, qi, di)
+    return (
+        thresholds,
+        {
+            "name": calibration_split.name,
+            "dataset_fingerprint": dataset_fingerprint(calibration_split),
+            "num_captions": len(calibration_split.captions),
+            "num_images": len(calibration_split.images),
+            "pr_auc": cal["pr_auc"],
+            "threshold_at_precision": thresholds,
+            "probability_map": pmap.to_json(),
+        },
+        pmap,
+    )
 
 
 def _write_plots(
@@ -302,5 +319,13 @@ def _write_plots(
             {run_name: reliability_curve(metrics["transfer"])},
             os.path.join(output_dir, f"reliability_{_file_tag(split.name)}.png"),
             title=f"Thresholds calibrated {source}: promised vs achieved precision on {split.name}",
+        )
+    if metrics.get("probability"):
+        bins = metrics["probability"]["bins"]
+        predicted = [np.nan if v is None else v for v in bins["predicted"]]  # None: an empty bin
+        files["probability_reliability"] = plots.plot_reliability(
+            {run_name: {"promised": predicted, "achieved": bins["observed"]}},
+            os.path.join(output_dir, f"probability_reliability_{_file_tag(split.name)}.png"),
+            title=f"P(relevant | score) fitted on {calibration_name}: predicted vs observed on {split.name}",
         )
     return files

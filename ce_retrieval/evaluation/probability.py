@@ -191,8 +191,8 @@ def reliability(
         "num_pairs": int(c.sum()),
         "bins": {
             "lower": (np.arange(num_bins) / num_bins).tolist(),
-            "predicted": np.where(c > 0, ps / safe, np.nan).tolist(),
-            "observed": np.where(c > 0, ob / safe, np.nan).tolist(),
+            "predicted": [float(v) if n else None for v, n in zip(ps / safe, c, strict=True)],  # None: empty bin
+            "observed": [float(v) if n else None for v, n in zip(ob / safe, c, strict=True)],
             "count": c.astype(np.int64).tolist(),
         },
         "ece_by_group": {

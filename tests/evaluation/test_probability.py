@@ -107,3 +107,33 @@ def test_perfectly_calibrated_constant_map_has_zero_error():
     share = float(np.mean(qi[:, None] == di[None, :]))
     flat = ProbabilityMap(np.array([0.0]), np.array([share]))
     assert reliability(flat, q, d, qi, di)["ece"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_evaluation_and_report_carry_the_map_calibration(tmp_path):
+    """evaluate_embeddings measures a given map (ECE in the summary); the report prints CE and SS side by side
+    and plots their reliability diagrams."""
+    from PIL import Image
+
+    from ce_retrieval.evaluation.evaluate import evaluate_embeddings, summary
+    from ce_retrieval.evaluation.probability_report import format_probability, plot_probability_report
+
+    q, d, qi, di = split(5)
+    pmap = fit_probability_map(*split(6))
+    metrics = evaluate_embeddings(q, d, qi, di, probability_map=pmap)
+    assert metrics["probability"] == reliability(pmap, q, d, qi, di)
+    s = summary(metrics)
+    assert s["probability_ece"] == metrics["probability"]["ece"]
+    assert evaluate_embeddings(q, d, qi, di)["probability"] is None
+    other = reliability(fit_probability_map(*split(7)), q, d, qi, di)
+    docs = [
+        {"run_name": "CrossExampleSoftmax", "metrics": {"probability": metrics["probability"]}},
+        {"run_name": "SampledSoftmax", "metrics": {"probability": other}},
+        {"run_name": "SampledSoftmax", "metrics": {"probability": metrics["probability"]}},
+    ]
+    table = format_probability(docs)
+    ce_row = next(line for line in table.splitlines() if line.startswith("| CrossExampleSoftmax"))
+    assert f"{100 * metrics['probability']['ece']:.2f}" in ce_row and "| SampledSoftmax | 2 |" in table
+    assert format_probability([{"run_name": "x", "metrics": {}}]) is None
+    path = plot_probability_report(docs, str(tmp_path / "prob.png"))
+    with Image.open(path) as img:
+        assert img.format == "PNG"
