@@ -41,7 +41,8 @@ _SLACK = 1e-4  # float32 rounding in the bounds; it only ever adds leaves, never
 _GATHER_COST = 1.3  # a gathered row: the copy, then the same large product
 _SMALL_PRODUCT_COST = 4.0  # a dot product inside one leaf's small matrix product
 _LEAF_COST = 4096.0  # per leaf of the pairs plan: ~20 us of Python and small-array overhead
-_BLOCK_ROWS = 65536
+_BLOCK_ELEMENTS = 1 << 22  # scores per product block (16 MiB of float32)
+_SCAN_BATCH = 256  # queries scanned together: each pass over the gallery serves more of them
 
 
 @dataclasses.dataclass
@@ -152,8 +153,9 @@ def _blocks(plan: str, what, q: np.ndarray, gallery: np.ndarray, offsets):
             yield qi, q[qi] @ gallery[s:e].T, np.arange(s, e)
         return
     total = len(gallery) if plan == "scan" else len(what)
-    for s in range(0, total, _BLOCK_ROWS):
-        e = min(total, s + _BLOCK_ROWS)
+    block_rows = max(4096, _BLOCK_ELEMENTS // max(1, len(q)))
+    for s in range(0, total, block_rows):
+        e = min(total, s + block_rows)
         if plan == "scan":
             yield everyone, q @ gallery[s:e].T, np.arange(s, e)
         else:
@@ -172,11 +174,12 @@ def threshold_search(
 
     Returns ``(rows, scores, scored)`` where ``scored`` counts the exact dot products computed (for stats).
     With partitions, queries are batched by their nearest leaf and each batch is scored by the cheapest plan
-    (scan, union of admitted leaves, or per-leaf pairs; module docstring); without, by a blocked scan.
+    (scan, union of admitted leaves, or per-leaf pairs; module docstring); without, by a blocked scan. Scans serve
+    up to ``_SCAN_BATCH`` queries per pass over the gallery.
     """
     queries = np.asarray(queries, dtype=np.float32)
-    rows: list[np.ndarray] = []
-    scores: list[np.ndarray] = []
+    rows: list[np.ndarray] = [np.zeros(0, np.int64)] * len(queries)
+    scores: list[np.ndarray] = [np.zeros(0, np.float32)] * len(queries)
     scored = 0
     n = len(gallery)
     by_leaf, cand = np.arange(len(queries)), None
@@ -184,10 +187,8 @@ def threshold_search(
         qc = queries @ partitions.centers.T
         cand = partitions.candidate_leaves(queries, threshold, qc)
         by_leaf = np.argsort(np.argmax(qc, axis=1), kind="stable")  # a batch's queries admit similar leaves
-    for b in range(0, len(queries), query_batch):
-        batch = by_leaf[b : b + query_batch]
+    for batch, plan, what in _batches(by_leaf, cand, partitions, n, query_batch):
         q = queries[batch]
-        plan, what = ("scan", None) if cand is None else _plan(partitions, cand[batch], n)
         hit_q, hit_row, hit_s = [], [], []
         for qi, block, where in _blocks(plan, what, q, gallery, None if partitions is None else partitions.offsets):
             scored += block.size
@@ -201,8 +202,26 @@ def threshold_search(
         order = np.lexsort((hr, -hs, hq))  # by query, then score descending, then row
         hq, hr, hs = hq[order], hr[order], hs[order]
         bounds = np.searchsorted(hq, np.arange(len(q) + 1))
-        for i in range(len(q)):
-            rows.append(hr[bounds[i] : bounds[i + 1]].astype(np.int64))
-            scores.append(hs[bounds[i] : bounds[i + 1]].astype(np.float32))
-    back = np.argsort(by_leaf)
-    return [rows[i] for i in back], [scores[i] for i in back], scored
+        for i, query in enumerate(batch):
+            rows[query] = hr[bounds[i] : bounds[i + 1]].astype(np.int64)
+            scores[query] = hs[bounds[i] : bounds[i + 1]].astype(np.float32)
+    return rows, scores, scored
+
+
+def _batches(by_leaf: np.ndarray, cand, partitions, n: int, query_batch: int):
+    """``(query indices, plan, plan data)``: ``query_batch`` batches planned one by one; consecutive batches whose
+    cheapest plan is a scan are scanned together, up to ``_SCAN_BATCH`` queries (one pass over the gallery for
+    all of them)."""
+    scan: list[np.ndarray] = []
+    for b in range(0, len(by_leaf), query_batch):
+        batch = by_leaf[b : b + query_batch]
+        plan, what = ("scan", None) if cand is None else _plan(partitions, cand[batch], n)
+        if plan != "scan":
+            yield batch, plan, what
+            continue
+        scan.append(batch)
+        if sum(len(x) for x in scan) + query_batch > _SCAN_BATCH:
+            yield np.concatenate(scan), "scan", None
+            scan = []
+    if scan:
+        yield np.concatenate(scan), "scan", None
