@@ -187,6 +187,7 @@ def run(args) -> int:
         params=params,
         overwrite=args.overwrite,
         gallery_info=info,
+        probability=probability,
     )
     if args.shards > 1:
         manifest = build_sharded_index(
@@ -196,7 +197,7 @@ def run(args) -> int:
         layout_text = f"{manifest['num_shards']} shards ({', '.join(kinds)})"
         ok = manifest["ann"]["meets_target"] and manifest["ann"]["all_shards_meet_target"]
     else:
-        manifest = build_index(embeddings, ids, export_dir, version, probability=probability, **common)
+        manifest = build_index(embeddings, ids, export_dir, version, **common)
         layout_text = manifest["kind"]
         ok = manifest["ann"]["meets_target"]
     ann = manifest["ann"]
