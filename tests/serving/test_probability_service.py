@@ -92,3 +92,12 @@ def test_service_fields_modes_and_bad_values(prob_export, base_export):
         assert r.status_code == 422 and "no probability map" in r.json()["error"]
         hit = c.post("/search", json={"texts": ["a"], "k": 1}).json()["results"][0]["hits"][0]
         assert hit["probability"] is None
+
+
+def test_query_command_min_probability(prob_export, capsys):
+    from ce_retrieval import cli
+
+    args = ["query", "--export_dir", prob_export["dir"], "--text", "a red circle", "--min_probability", "0.5"]
+    assert cli.main(args + ["--exact", "--limit", "3"]) == 0
+    out = capsys.readouterr().out
+    assert f"threshold {MAP.min_score(0.5):.4f}" in out and "P(relevant)" in out
