@@ -156,35 +156,49 @@ def _ece(pred_sum, obs, count) -> float | None:
     return float(np.sum(np.abs(obs - pred_sum)) / n)  # sum_b n_b |observed_b - predicted_b| / N
 
 
+def _group_errors(group_of: np.ndarray, names: list[str], count, pred, obs, top) -> dict:
+    """Per query group: number of queries, ECE and ECE over the bins predicted >= 0.1 (per-query arrays summed)."""
+    out = {}
+    for g, name in enumerate(names):
+        members = group_of == g
+        if members.any():
+            c, p, o = count[members].sum(0), pred[members].sum(0), obs[members].sum(0)
+            ece_top = _ece(p[top], o[top], c[top])
+            out[name] = {"num_queries": int(members.sum()), "ece": _ece(p, o, c), "ece_top": ece_top}
+    return out
+
+
 def reliability(
     pmap: ProbabilityMap, query_emb, doc_emb, query_ids, doc_ids, num_bins: int = 10, block_size: int | None = None
 ) -> dict:
     """The map's calibration on a split: ``ece``, the reliability diagram (per equal-width bin of predicted
-    probability: ``predicted`` mean, ``observed`` share of relevant pairs, ``count``), ``ece_by_group`` (queries by
-    their number of relevant images) and ``ece_top`` (the same restricted to pairs predicted >= 0.1, where a user
-    reads a probability: the near-zero mass of irrelevant pairs dominates the plain ECE)."""
+    probability: ``predicted`` mean, ``observed`` share of relevant pairs, ``count``), ``ece_top`` (the same
+    restricted to pairs predicted >= 0.1, where a user reads a probability: the near-zero mass of irrelevant pairs
+    dominates the plain ECE), and per query group (``num_queries``, ``ece``, ``ece_top``): ``ece_by_group``
+    (queries by their number of relevant images) and ``ece_by_top_score`` (queries by the quartile of their
+    highest score, a query property a service sees: a map that transfers across queries holds in each)."""
     q, d, qids, dids = check_pair(query_emb, doc_emb, query_ids, doc_ids)
     doc_id, per_id = np.unique(dids, return_counts=True)
     at = np.minimum(np.searchsorted(doc_id, qids), len(doc_id) - 1)
     num_relevant = np.where(doc_id[at] == qids, per_id[at], 0)
-    group_of = np.minimum(num_relevant, 5)  # 0, 1, 2, 3, 4, 5+ relevant images
-    groups = 6
-    # per (group, bin): pairs, sum of predictions, relevant pairs
-    count = np.zeros((groups, num_bins))
-    pred = np.zeros((groups, num_bins))
-    obs = np.zeros((groups, num_bins))
+    # per (query, bin): pairs, sum of predictions, relevant pairs; and each query's highest score
+    count = np.zeros((len(q), num_bins))
+    pred = np.zeros((len(q), num_bins))
+    obs = np.zeros((len(q), num_bins))
+    top_score = np.empty(len(q))
     for r0, r1, s, rel in _pair_blocks(q, d, qids, dids, block_size):
         p = pmap(s.reshape(-1))
         bin_of = np.minimum((p * num_bins).astype(np.int64), num_bins - 1)
-        key = np.repeat(group_of[r0:r1], s.shape[1]) * num_bins + bin_of
-        size = groups * num_bins
-        count += np.bincount(key, minlength=size).reshape(groups, num_bins)
-        pred += np.bincount(key, p, minlength=size).reshape(groups, num_bins)
-        obs += np.bincount(key, rel.reshape(-1), minlength=size).reshape(groups, num_bins)
+        key = np.repeat(np.arange(r1 - r0), s.shape[1]) * num_bins + bin_of
+        size = (r1 - r0) * num_bins
+        count[r0:r1] = np.bincount(key, minlength=size).reshape(-1, num_bins)
+        pred[r0:r1] = np.bincount(key, p, minlength=size).reshape(-1, num_bins)
+        obs[r0:r1] = np.bincount(key, rel.reshape(-1), minlength=size).reshape(-1, num_bins)
+        top_score[r0:r1] = s.max(axis=1)
     c, ps, ob = count.sum(0), pred.sum(0), obs.sum(0)
     safe = np.maximum(c, 1)
-    names = ["0", "1", "2", "3", "4", "5+"]
     top = np.arange(num_bins) >= int(np.ceil(0.1 * num_bins))
+    quartile = np.searchsorted(np.quantile(top_score, [0.25, 0.5, 0.75]), top_score, side="right")
     return {
         "ece": _ece(ps, ob, c),
         "ece_top": _ece(ps[top], ob[top], c[top]),
@@ -195,9 +209,8 @@ def reliability(
             "observed": [float(v) if n else None for v, n in zip(ob / safe, c, strict=True)],
             "count": c.astype(np.int64).tolist(),
         },
-        "ece_by_group": {
-            names[g]: {"num_queries": int(np.sum(group_of == g)), "ece": _ece(pred[g], obs[g], count[g])}
-            for g in range(groups)
-            if np.any(group_of == g)
-        },
+        "ece_by_group": _group_errors(
+            np.minimum(num_relevant, 5), ["0", "1", "2", "3", "4", "5+"], count, pred, obs, top
+        ),
+        "ece_by_top_score": _group_errors(quartile, ["Q1 (lowest)", "Q2", "Q3", "Q4 (highest)"], count, pred, obs, top),
     }

@@ -3,9 +3,10 @@
 For each run (files sharing a ``run_name`` are seeds; cells are mean ± standard deviation over them), from the
 evaluation JSON's ``metrics.probability`` (:func:`ce_retrieval.evaluation.probability.reliability` of the map fitted
 on the calibration split, measured on the evaluated split): the expected calibration error over all pairs, over
-the pairs predicted at least 0.1 (where a user reads a probability), and per query group (queries by their number
-of relevant images). The paper's claim predicts that CE's map transfers across queries better: lower and more even
-ECE across groups. :func:`plot_probability_report` draws the reliability diagrams of all runs in one figure.
+the pairs predicted at least 0.1 (where a user reads a probability), and the latter per query group: queries by
+the quartile of their highest score, and by their number of relevant images when that varies. The paper's claim
+predicts that CE's map transfers across queries better: lower and more even ECE across groups.
+:func:`plot_probability_report` draws the reliability diagrams of all runs in one figure.
 """
 
 from __future__ import annotations
@@ -39,18 +40,21 @@ def format_probability(results: list[dict]) -> str | None:
     runs = _by_run(results)
     if not runs:
         return None
-    groups = sorted({g for probs in runs.values() for p in probs for g in p["ece_by_group"]})
-    head = ["run", "seeds", "ECE", "ECE (p ≥ 0.1)"] + [f"ECE, {g} relevant" for g in groups]
+    columns = [("ece_by_top_score", g, f"top score {g}") for g in ("Q1 (lowest)", "Q2", "Q3", "Q4 (highest)")]
+    relevant = sorted({g for probs in runs.values() for p in probs for g in p["ece_by_group"]})
+    if len(relevant) > 1:
+        columns += [("ece_by_group", g, f"{g} relevant") for g in relevant]
+    head = ["run", "seeds", "ECE", "ECE (p ≥ 0.1)"] + [name for _, _, name in columns]
     lines = [
         "P(relevant | score) fitted on the calibration split, expected calibration error on the evaluated split "
-        "(points; lower is better):",
+        "(points; lower is better; per query group: pairs predicted p ≥ 0.1):",
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
     ]
     for name, probs in runs.items():
         cells = [name, str(len(probs)), _cell(p["ece"] for p in probs), _cell(p["ece_top"] for p in probs)]
-        cells += [_cell((p["ece_by_group"].get(g) or {}).get("ece") for p in probs) for g in groups]
+        cells += [_cell(((p.get(key) or {}).get(g) or {}).get("ece_top") for p in probs) for key, g, _ in columns]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -99,6 +99,13 @@ def test_reliability_matches_a_float64_reference():
     assert {k: v["num_queries"] for k, v in out["ece_by_group"].items()} == {
         str(k): int(np.sum(nrel == k)) for k in np.unique(nrel)
     }
+    top = (q.astype(np.float64) @ d.T.astype(np.float64)).max(1)
+    q4 = out["ece_by_top_score"]["Q4 (highest)"]
+    high = top > np.quantile(top, 0.75)
+    ph, rh = p.reshape(len(q), -1)[high].ravel(), rel.reshape(len(q), -1)[high].ravel()
+    bh = np.minimum((ph * 10).astype(int), 9)
+    want = sum(abs(rh[bh == k].sum() - ph[bh == k].sum()) for k in range(1, 10)) / max(1, np.sum(bh >= 1))
+    assert q4["num_queries"] == int(high.sum()) and q4["ece_top"] == pytest.approx(want, abs=1e-6)
     assert 0 <= out["ece"] <= 1
 
 
