@@ -32,7 +32,7 @@ import numpy as np
 
 from ce_retrieval.evaluation.calibration import global_pr_auc
 from ce_retrieval.evaluation.embed import embed_split, embed_strings
-from ce_retrieval.evaluation.probability import ProbabilityMap, fit_probability_map, reliability
+from ce_retrieval.evaluation.probability import PROBABILITY_AXES, ProbabilityMap, fit_probability_map, reliability
 from ce_retrieval.evaluation.retrieval import ann_recall_loss, recall_at_k, recall_with_distractors
 from ce_retrieval.evaluation.search import exact_search
 from ce_retrieval.evaluation.transfer import (
@@ -327,5 +327,6 @@ def _write_plots(
             {run_name: {"promised": predicted, "achieved": bins["observed"]}},
             os.path.join(output_dir, f"probability_reliability_{_file_tag(split.name)}.png"),
             title=f"P(relevant | score) fitted on {calibration_name}: predicted vs observed on {split.name}",
+            axes=PROBABILITY_AXES,
         )
     return files

@@ -38,11 +38,12 @@ from sklearn.isotonic import isotonic_regression
 
 from ce_retrieval.evaluation._arrays import block_rows, check_pair
 
-__all__ = ["ProbabilityMap", "fit_probability_map", "fit_scores", "reliability"]
+__all__ = ["PROBABILITY_AXES", "ProbabilityMap", "fit_probability_map", "fit_scores", "reliability"]
 
 DEFAULT_BINS = 2000  # score bins of width 0.001 over [-1, 1]
 DEFAULT_BLOCK_ELEMENTS = 1 << 21
 FORMAT = "isotonic/1"
+PROBABILITY_AXES = ("predicted P(relevant | score), mean per bin", "observed share of relevant pairs")
 
 
 @dataclasses.dataclass

@@ -15,6 +15,8 @@ import warnings
 
 import numpy as np
 
+from ce_retrieval.evaluation.probability import PROBABILITY_AXES
+
 __all__ = ["format_probability", "plot_probability_report"]
 
 
@@ -78,4 +80,6 @@ def plot_probability_report(results: list[dict], path: str) -> str:
         }
     if not curves:
         raise SystemExit("report: no probability calibration in the given files (evaluate with --calibration_split)")
-    return plot_reliability(curves, path, title="P(relevant | score) fitted on validation: predicted vs observed")
+    return plot_reliability(
+        curves, path, title="P(relevant | score) fitted on validation: predicted vs observed", axes=PROBABILITY_AXES
+    )
