@@ -30,6 +30,7 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import time
@@ -96,7 +97,7 @@ def run(n: int, num_queries: int, repeats: int, workdir: str) -> dict:
     _, s100 = exact_search(queries, x, 100)
     tau = float(np.median(s100[:, -1]))
     truth = numpy_scan(queries, x, tau)
-    folder = tempfile.mkdtemp(dir=workdir)
+    folder = tempfile.mkdtemp(dir=workdir, prefix="threshold_search_")  # removed at the end
     t = time.perf_counter()
     stand_in = {"0.9": tau}  # a stand-in calibrated level
     manifest = write_index_folder(x, np.arange(n), folder, MODEL, version=1, thresholds=stand_in)
@@ -122,6 +123,7 @@ def run(n: int, num_queries: int, repeats: int, workdir: str) -> dict:
         "numpy_scan": b / scan_s,
     }
     ts = manifest["threshold_search"]
+    shutil.rmtree(folder)  # the memory maps stay valid after the files are unlinked (POSIX)
     return {
         "benchmark": "threshold_search",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
