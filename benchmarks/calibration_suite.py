@@ -309,7 +309,8 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="= --plan quick: one tiny family, 2 seeds, few steps")
     parser.add_argument("--families", nargs="*", choices=FAMILIES, default=None)
     parser.add_argument("--regimes", nargs="*", choices=REGIMES, default=None)
-    parser.add_argument("--objectives", nargs="*", default=None, help="both regimes' objectives (default: the plan's)")
+    parser.add_argument("--objectives", nargs="*", default=None, help="heads-regime objectives (default: the plan's)")
+    parser.add_argument("--scratch_objectives", nargs="*", default=None, help="scratch-regime objectives")
     parser.add_argument("--seeds", type=int, default=None)
     parser.add_argument("--heads_steps", type=int, default=None)
     parser.add_argument("--recipe", default=None, help='JSON: {"loss": name, "kwargs": {...}, "regularizer": name}')
@@ -321,7 +322,7 @@ def main(argv=None) -> int:
         "families": tuple(args.families) if args.families else None,
         "regimes": tuple(args.regimes) if args.regimes else None,
         "heads_objectives": tuple(args.objectives) if args.objectives else None,
-        "scratch_objectives": tuple(args.objectives) if args.objectives else None,
+        "scratch_objectives": tuple(args.scratch_objectives) if args.scratch_objectives else None,
         "seeds": args.seeds,
         "heads_steps": args.heads_steps,
     }
