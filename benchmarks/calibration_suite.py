@@ -230,6 +230,18 @@ def run_scratch(plan: Plan, family: str, label: str, objective, seed: int, out: 
     return _doc("scratch", family, label, objective, seed, result, time.perf_counter() - t0, info), result
 
 
+def _matches(doc: dict, plan: Plan, regime: str, objective) -> bool:
+    """Whether a run on disk was trained as ``plan`` asks (else it is trained again)."""
+    train = doc["config"]["train"]
+    if regime == "heads":
+        wanted = (plan.heads_batch, plan.heads_steps)
+    else:
+        wanted = (plan.scratch_batch, plan.scratch_epochs * plan.scratch_steps_per_epoch)
+    return (train["batch_size"], train["steps"]) == wanted and doc["config"]["objective"] == json.loads(
+        json.dumps(objective.describe())
+    )
+
+
 def _objectives(names, recipe) -> dict:
     out = {}
     for name in names:
@@ -269,8 +281,10 @@ def run_plan(plan: Plan, out: str, recipe=None, rerun: bool = False, log=print) 
                     path = os.path.join(out, "runs", regime, family, f"{label}-seed{seed}.json")
                     if os.path.exists(path) and not rerun:
                         with open(path) as f:
-                            docs.append(json.load(f))
-                        continue
+                            cached = json.load(f)
+                        if _matches(cached, plan, regime, objective):
+                            docs.append(cached)
+                            continue
                     if state is None:
                         if regime == "heads":
                             state = build_family_features(
