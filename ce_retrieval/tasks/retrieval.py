@@ -91,6 +91,7 @@ class RetrievalTask:
             on_bad_batch=self.config.train.on_bad_batch,
             embedding_chunk=self.config.train.embedding_chunk,
             loss_partition=self.config.train.loss_partition,
+            loss_tile_size=self.config.train.loss_tile_size,
         )
         return model
 

@@ -126,7 +126,7 @@ def test_train_mode_batchnorm_uses_chunk_statistics(vocab_file):
                 [plain.text_core({k: v[s] for k, v in text_inputs.items()}, training=True) for s in slices], 0
             )
             image = tf.concat([plain.image_core(pixels[s], training=True) for s in slices], 0)
-            loss, _, _ = plain._loss_from_embeddings(text, image, ids)
+            loss = plain.objective_terms(text, image, ids)[0]
         return loss, tape.gradient(loss, plain.text_variables + plain.image_variables)
 
     full_grads = tf.function(cached._compute_gradients, autograph=False)(*inputs)  # updates cached's BN stats once

@@ -1,0 +1,206 @@
+"""The retrieval objective: this replica's query and document embeddings (with ids) -> the scalar the step
+differentiates. One object owns every step between the towers and the optimizer (TF Recommenders' ``Retrieval``):
+
+    Q_r, D_r, ids_r   (this replica's rows, [n, d])
+      -> gather          D = concat_r D_r, ids = concat_r ids_r   (and Q likewise unless sharded)
+      -> similarity      S = Q Dᵀ (cosine of unit vectors); the joint Gram [Q; D][Q; D]ᵀ for a ``needs_gram`` loss
+      -> relevance       R_ij = 1[id_i == id_j]                   (from ids; on the tiled paths never materialised)
+      -> λ               S·λ when λ is learned (:class:`LogitScale`); a fixed λ is the loss's own
+      -> path            dense | tiled | sharded | sharded + tiled (``paths.py``; chosen by the config)
+      -> loss L, and the replica's share: L / R (replicated) or share_r with Σ_r share_r = L (sharded)
+
+Each replica differentiates its ``share``; Keras sums the replicas' gradients and the gathers' gradients sum the
+replicas' upstreams, so one step under R replicas is exactly one step of ``dL/dθ`` on the global batch, on every
+path (tests/objective). ``loss`` is what a step logs: L (replicated) or R·share_r (sharded; its mean over replicas
+is L). The model's train and test steps, the gradient cache (``modeling/grad_cache.py``) and a user's own loop
+all call it; the Keras 3 layer (``ce_retrieval.keras.RetrievalObjectiveLayer``) wraps it.
+
+Paths and their memory (B global rows, R replicas, T tile width, d embedding width):
+
+* dense replicated: ``[B, B]`` on every replica (every registered loss);
+* tiled (``loss_tile_size``): O(B·T + B·d) per replica, the exact column-tiled softmax family (``tiled.py``);
+* sharded (``loss_partition: sharded``): ``[B/R, B]`` per replica (``sharded.py``), the softmax family
+  including the margin softmaxes; ``bidirectional`` is both directions' shares averaged (each replica's text rows
+  against the gathered images, and its image rows against the gathered texts);
+* sharded + tiled: O(B/R·T + B·d) per replica; the cross-example partition function and the mining histograms
+  are combined across replicas as in the sharded path.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import tensorflow as tf
+import tf_keras
+
+from ce_retrieval.losses.relevance import relevance_from_ids
+from ce_retrieval.objective import batch_metrics, paths
+from ce_retrieval.objective.logit_scale import LogitScale
+from ce_retrieval.utils.replicas import gather_from_replicas, num_replicas
+
+
+class ObjectiveResult(NamedTuple):
+    """One evaluation of the objective on a replica (module docstring)."""
+
+    loss: tf.Tensor  # the logged loss: L (replicated) or R·share_r (sharded)
+    share: tf.Tensor  # what this replica differentiates: L / R, or share_r
+    recall_at_1: tf.Tensor  # in-batch recall@1 of the rows this replica computed
+    has_positive: tf.Tensor  # bool: the rows have a positive pair
+
+
+class RetrievalObjective:
+    """From this replica's embeddings and ids to the loss and the replica's share of it (module docstring).
+
+    Args:
+      loss: a Keras loss on ``(relevance, S)``, normally a :class:`ce_retrieval.losses.RetrievalLoss`; a loss with
+        a logit scale carries λ₀ when λ is fixed, or λ = 1 when it is learned (``tasks.build_loss`` does both).
+      logit_scale: λ₀, or a :class:`LogitScale` (e.g. one whose variable a model tracks).
+      learn_logit_scale, max_logit_scale: learn ``log λ``, capped at λ_max (with a number ``logit_scale``).
+      partition: ``"replicated"`` or ``"sharded"`` (``paths.LOSS_PARTITIONS``).
+      tile_size: ``0`` (dense), a positive tile width, or ``"auto"``.
+    """
+
+    def __init__(
+        self,
+        loss,
+        logit_scale: float | LogitScale = 20.0,
+        learn_logit_scale: bool = False,
+        max_logit_scale: float = 100.0,
+        partition: str = "replicated",
+        tile_size: int | str = 0,
+    ):
+        if not isinstance(logit_scale, LogitScale):
+            logit_scale = LogitScale(logit_scale, learn_logit_scale, max_logit_scale)
+        self.logit_scale = logit_scale
+        self.loss = _check_loss(loss, logit_scale)
+        self.partition = paths.check_partition(partition)
+        self.tile_size = paths.check_tile_size(tile_size)
+        paths.check_combination(loss, self.partition, self.tile_size)
+        self.needs_gram = paths.capability(loss, "needs_gram")
+
+    @property
+    def trainable_variables(self) -> list:
+        """The objective's own learned scalars (λ if learned); the towers' variables are the model's."""
+        return list(self.logit_scale.trainable_variables)
+
+    def tile_for(self, num_rows: int | None) -> int:
+        """The tile width used for a global batch of ``num_rows`` (0: dense)."""
+        return paths.resolve_tile_size(self.tile_size, self.loss, num_rows)
+
+    def __call__(self, query_emb, doc_emb, query_ids, doc_ids=None) -> ObjectiveResult:
+        """This replica's ``query_emb [n, d]``, ``doc_emb [m, d]`` and ids (``doc_ids`` None: the rows are pairs,
+        ``query_ids`` for both) -> :class:`ObjectiveResult`."""
+        paired = doc_ids is None
+        doc_ids = query_ids if paired else doc_ids
+        if self.needs_gram and not paired:
+            raise ValueError(f"{type(self.loss).__name__} needs the joint Gram matrix of paired rows: pass no doc_ids")
+        replicas = num_replicas()
+        rows = query_emb.shape[0]
+        tile = self.tile_for(None if rows is None else rows * replicas)
+        with tf.name_scope(getattr(self.loss, "name", None) or "objective"):
+            if self.partition == "sharded":
+                value, recall, positive = self._sharded(query_emb, doc_emb, query_ids, doc_ids, tile)
+                return ObjectiveResult(value * float(replicas), value, recall, positive)
+            value, recall, positive = self._replicated(query_emb, doc_emb, query_ids, doc_ids, tile)
+            return ObjectiveResult(value, value / float(replicas), recall, positive)
+
+    # ---- replicated: every replica computes L of the global batch ------------------------------------------------
+
+    def _replicated(self, query_emb, doc_emb, query_ids, doc_ids, tile):
+        queries, docs = gather_from_replicas(query_emb), gather_from_replicas(doc_emb)
+        q_ids, d_ids = gather_from_replicas(query_ids), gather_from_replicas(doc_ids)
+        positive = batch_metrics.has_positive(q_ids, d_ids)
+        if tile:
+            value = self._both_ways(
+                lambda q, d, qi, di: self._tiled(q, d, qi, di, tile, False), queries, docs, q_ids, d_ids
+            )
+            return value, batch_metrics.recall_at_1_tiled(queries, docs, q_ids, d_ids, tile), positive
+        cosine = _cosine(queries, docs)
+        relevance = relevance_from_ids(q_ids, d_ids)
+        if self.needs_gram:  # one embedding set [Q; D]: S = E Eᵀ, self-pairs ignored
+            joint, joint_ids = tf.concat([queries, docs], 0), tf.concat([q_ids, d_ids], 0)
+            loss_relevance = relevance_from_ids(joint_ids, joint_ids, exclude_self=True)
+            loss_scores = _cosine(joint, joint)
+        else:
+            loss_relevance, loss_scores = relevance, cosine
+        value = self.loss.call(loss_relevance, self._scaled(loss_scores))  # unreduced: the share is ours
+        return value, batch_metrics.recall_at_1_dense(cosine, relevance), positive
+
+    # ---- sharded: replica r computes its rows' share -------------------------------------------------------------
+
+    def _sharded(self, query_emb, doc_emb, query_ids, doc_ids, tile):
+        docs, d_ids = gather_from_replicas(doc_emb), gather_from_replicas(doc_ids)
+        positive = batch_metrics.has_positive(query_ids, d_ids)
+        if tile:
+            value = self._tiled(query_emb, docs, query_ids, d_ids, tile, True)
+            recall = batch_metrics.recall_at_1_tiled(query_emb, docs, query_ids, d_ids, tile)
+        else:
+            cosine = _cosine(query_emb, docs)
+            relevance = relevance_from_ids(query_ids, d_ids)
+            value = self.loss.sharded_share(relevance, self._scaled(cosine))
+            recall = batch_metrics.recall_at_1_dense(cosine, relevance)
+        if getattr(self.loss, "bidirectional", False):  # this replica's document rows against every query
+            queries, q_ids = gather_from_replicas(query_emb), gather_from_replicas(query_ids)
+            if tile:
+                backward = self._tiled(doc_emb, queries, doc_ids, q_ids, tile, True)
+            else:
+                scores = self._scaled(_cosine(doc_emb, queries))
+                backward = self.loss.sharded_share(relevance_from_ids(doc_ids, q_ids), scores)
+            value = 0.5 * (value + backward)
+        return value, recall, positive
+
+    # ---- pieces --------------------------------------------------------------------------------------------------
+
+    def _both_ways(self, one_way, queries, docs, q_ids, d_ids):
+        value = one_way(queries, docs, q_ids, d_ids)
+        if getattr(self.loss, "bidirectional", False):
+            value = 0.5 * (value + one_way(docs, queries, d_ids, q_ids))
+        return value
+
+    def _tiled(self, queries, docs, q_ids, d_ids, tile, across_replicas):
+        """One direction by the tiled path; a learned λ is folded into the queries (logits λ·q·d)."""
+        queries = tf.cast(queries, tf.float32)
+        if self.logit_scale.learn:
+            queries = queries * self.logit_scale()
+        return self.loss.tiled_loss(queries, docs, q_ids, d_ids, tile, across_replicas=across_replicas)
+
+    def _scaled(self, scores):
+        return scores * self.logit_scale() if self.logit_scale.learn else scores
+
+
+def _cosine(a, b):
+    """float32 ``a bᵀ`` (cosine similarities of unit rows)."""
+    return tf.matmul(tf.cast(a, tf.float32), tf.cast(b, tf.float32), transpose_b=True)
+
+
+def _check_loss(loss, logit_scale: LogitScale):
+    """The loss, if it is a Keras loss whose λ (the ``logit_scale`` of a ce_retrieval loss) fits ``logit_scale``."""
+    if isinstance(loss, (str, dict)):
+        raise TypeError(
+            f"RetrievalObjective: pass a loss instance (got {loss!r}); ce_retrieval.tasks.build_loss or "
+            "RetrievalTask builds one from a config with the model's λ"
+        )
+    if not isinstance(loss, tf_keras.losses.Loss):
+        raise TypeError(f"RetrievalObjective: loss must be a Keras Loss, got {loss!r}")
+    scale = getattr(loss, "logit_scale", None)  # None: a loss without a logit scale (or a plain Keras loss)
+    name = type(loss).__name__
+    if logit_scale.learn:
+        if scale is None:
+            raise ValueError(
+                f"learn_logit_scale=True multiplies the cosine matrix by a learned λ, which only a loss with a "
+                f"logit scale expects; {name} has none"
+            )
+        if abs(float(scale) - 1.0) > 1e-6:
+            raise ValueError(
+                f"learn_logit_scale=True: the model applies the learned λ itself, so the loss must have "
+                f"λ = 1, e.g. scale=1.0 (got {name} with λ = {scale:g})"
+            )
+    elif scale is not None and abs(float(scale) - logit_scale.initial) > 1e-6:
+        raise ValueError(
+            f"logit scale mismatch: the model's logit_scale is {logit_scale.initial:g} but the loss "
+            f"{name} has λ = {scale:g}; set both to the same λ (RetrievalTask does)"
+        )
+    return loss
+
+
+__all__ = ["ObjectiveResult", "RetrievalObjective"]
