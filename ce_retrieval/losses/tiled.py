@@ -194,7 +194,7 @@ class _Problem:
         self.start = start
         self.count = tf.where(self.row_ok, count, 0)
         self.num_slots = tf.reduce_max(tf.concat([self.count, [0]], 0))
-        self.num_positive = self.combine(tf.reduce_sum(tf.cast(self.count, tf.float32)))  # |P| of all replicas
+        self.num_positive = tf.reshape(self.combine(tf.reduce_sum(tf.cast(self.count, tf.float32))), [])  # all |P|
         self.row_negatives = tf.where(self.row_ok, valid_docs - self.count, 0)  # n_i, int32 [N]
         self.mining = negative_fraction is not None or top_k is not None
 
@@ -233,7 +233,8 @@ class _Problem:
                 k = tf.cast(tf.math.ceil(tf.cast(count, tf.float64) * self.negative_fraction), tf.int32)
             passes, count_dtype = ROW_PASSES, tf.int32
         else:
-            count = self.combine(tf.reduce_sum(tf.cast(self.row_negatives, tf.int64), keepdims=True))  # [1], > 2^31?
+            count = tf.reduce_sum(tf.cast(self.row_negatives, tf.int64), keepdims=True)  # [1], may exceed 2^31
+            count = tf.reshape(self.combine(count), [1])  # reshaped: a gather loses the static shape
             if self.top_k is not None:
                 k = tf.minimum(count, self.top_k)
             else:
