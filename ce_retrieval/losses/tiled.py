@@ -29,6 +29,13 @@ How, with ``D`` cut into ``ceil(M / T)`` column tiles of ``T = tile_size`` docum
    ``dL/dl_ij = g_i w_ij e^{l_ij - log Z_i}`` (the softmax weight from the saved log Z),
    recomputed per tile: ``dQ += λ dL_t D_t``, ``dD_t = λ dL_tᵀ Q``.
 
+Eagerly too: the op's body runs on ``stop_gradient`` copies of its inputs, so an eager ``GradientTape`` records only
+the custom gradient, not every tile's logits (which made an eager step O(N·M): +7.5 GiB at N = M = 16,384).
+Sharded + tiled (``across_replicas=True``): the queries are this replica's rows and the documents all replicas'
+(gathered); |P|, the cross-example ``(m, z)`` and the global mining histograms are summed over replicas as in
+``sharded.py``, and the value is this replica's share. ``RetrievalObjective`` (``ce_retrieval/objective``) chooses
+this path from the config (``train.loss_tile_size``).
+
 Cost: one logits pass forward, one backward (plus 2 passes for cross-example mining, 3 per-row), each a ``[N, d] x
 [d, T]`` matmul; memory O(N·T + (N + M)·d) (per-row mining adds ``[N, 2048]`` int32 histograms). Float16/bfloat16
 embeddings are computed in float32 (the gradients come back in the input dtype). Values and gradients equal the

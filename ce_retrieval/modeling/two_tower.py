@@ -6,12 +6,13 @@ One step on a global batch of B (caption, image, image_id) rows split over R rep
     S   = gather(T) gather(V)^T                                              (cosine, [B, B], on every replica)
     R_ij = 1[id_i == id_j]                                                   (two captions of one image: both positive)
     L   = loss(R, S)                 fixed λ: the loss applies its own scale λ (= ModelConfig.logit_scale)
+                                     (gather -> L: the retrieval objective, ce_retrieval.objective)
     L   = loss(R, λ S), λ = min(exp(s), λ_max)       learned λ (loss must have scale 1)
     (a loss that ``needs_gram`` gets the joint Gram matrix of [T; V] instead, [2B, 2B], self-pairs ignored)
     text params  <- AdamW step on dL/dθ_text (and on s, the learned log-scale, if any)
     image params <- SGD+momentum step on dL/dθ_image
 
-Replica scaling is this step's (losses return the objective of the matrix they are given): each replica takes
+Replica scaling is the objective's (losses return the objective of the matrix they are given): each replica takes
 the loss ``L`` of the global matrix and differentiates ``L / R``; Keras sums gradients over replicas and the
 gradient of ``all_gather`` sums the upstream gradients of the replicas, so every replica applies exactly
 ``dL/dθ`` of the global loss: one step under ``MirroredStrategy`` equals one step on the whole batch on one
@@ -30,15 +31,16 @@ Gradient caching (``compile(embedding_chunk=c)``, config ``train.embedding_chunk
 c rows, first without a tape to get the embeddings, then again chunk by chunk to back-propagate ``∂(L/R)/∂E``;
 same gradient, one chunk's activations (:mod:`ce_retrieval.modeling.grad_cache`).
 
-Loss partition (``compile(loss_partition=...)``, config ``train.loss_partition``): ``"replicated"`` (default,
-above; OpenCLIP's ``gather_with_grad=True, local_loss=False``): every replica computes the whole ``[B, B]`` loss.
-``"sharded"`` (OpenCLIP's ``local_loss=True``): only the documents (image embeddings and ids) are gathered; replica
-r computes its own B/R rows ``S_r = T_r V_allᵀ`` and its share of L (:mod:`ce_retrieval.losses.sharded`,
-``Σ_r share_r = L``, cross-replica terms all-reduced), so its loss work drops R×. The step returns ``R·share_r``
-as "the loss": it differentiates ``R·share_r / R = share_r`` (the shares already sum to L, no further scaling)
-and the ``loss`` metric, a mean over replicas, logs ``Σ_r share_r = L``; ``in_batch_recall_at_1`` is the mean of
-the replicas' own rows. Same gradient as ``"replicated"``; the four losses of ``softmax.py`` only, one direction;
-composes with ``embedding_chunk``.
+The loss (``compile(loss=..., loss_partition=..., loss_tile_size=...)``, config ``train.loss_partition``,
+``train.loss_tile_size``) is the retrieval objective's (:class:`ce_retrieval.objective.RetrievalObjective`): it
+takes this replica's embeddings and ids and owns the gather, S, relevance, λ (this model lends it its
+``log_logit_scale`` variable, so checkpoints keep their names), the joint Gram matrix, the path (dense, tiled,
+sharded, sharded + tiled) and the replica's share; the model reads no field of the loss. ``"replicated"``
+(default; OpenCLIP's ``gather_with_grad=True, local_loss=False``): every replica computes the whole loss and
+differentiates ``L / R``. ``"sharded"`` (OpenCLIP's ``local_loss=True``): replica r computes its own rows' share
+of L (``Σ_r share_r = L``) and differentiates it; the step returns ``R·share_r`` as "the loss", so the ``loss``
+metric, a mean over replicas, logs L; ``in_batch_recall_at_1`` is the mean of the replicas' own rows. Same
+gradient on every path; each composes with ``embedding_chunk``.
 """
 
 from __future__ import annotations
