@@ -9,7 +9,8 @@ the loss does not take, is an error that names it and lists what the loss accept
 
 In the two-tower model the columns of S are the batch's images. Proxy losses (``needs_proxies``) read them as
 one centre per image (so SoftTriple's ``proxies_per_class`` is 1); losses that need a Gram matrix of one
-embedding set (``needs_gram``) are given the joint Gram matrix of ``[text; image]`` by the model.
+embedding set (``needs_gram``) are given the joint Gram matrix of ``[text; image]`` by the retrieval objective
+(``ce_retrieval.objective``), which also applies a learned λ.
 """
 
 from __future__ import annotations

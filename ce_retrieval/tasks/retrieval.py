@@ -130,9 +130,18 @@ class RetrievalTask:
             scale = f"λ {cfg.model.logit_scale:g}"
         else:
             scale = "no logit scale"
+        replicas = strategy.num_replicas_in_sync
+        objective = model.objective
+        tile = objective.tile_for(cfg.train.batch_size)
+        path = f"{objective.partition}, " + (f"tiled (T = {tile})" if tile else "dense")
+        share = (
+            "its rows' share of the global-batch loss"
+            if objective.partition == "sharded"
+            else f"the global-batch loss / {replicas}"
+        )
         return (
-            f"loss {type(loss).__name__} ({scale}), {strategy.num_replicas_in_sync} replica(s) "
-            f"({type(strategy).__name__}), each differentiating the global-batch loss / {strategy.num_replicas_in_sync}"
+            f"loss {type(loss).__name__} ({scale}; {path}), {replicas} replica(s) ({type(strategy).__name__}), "
+            f"each differentiating {share}"
         )
 
 

@@ -75,3 +75,19 @@ def test_config_refuses_a_tile_size_for_a_loss_without_a_tiled_path(vocab):
         cfg = ExperimentConfig(name="objective", model=tiny_config(), loss=LossConfig(name="TripletLoss"))
         cfg.train = dataclasses.replace(cfg.train, batch_size=8, loss_tile_size=4)
         RetrievalTask(cfg).build_compiled_model(vocab, total_steps=10)
+
+
+def test_learned_lambda_keeps_its_checkpoint_name(vocab, tmp_path):
+    """The objective uses the model's ``log_logit_scale`` variable, so checkpoints keep the key they had before the
+    objective existed and restore into a fresh model."""
+    model = _model(vocab, "CrossExampleSoftmax")
+    assert [v is model.log_logit_scale for v in model.objective.trainable_variables] == [True]
+    assert any(v is model.log_logit_scale for v in model.text_variables)
+    model.log_logit_scale.assign(2.5)
+    path = tf.train.Checkpoint(model=model).save(str(tmp_path / "ckpt"))
+    keys = [name for name, _ in tf.train.list_variables(path)]
+    assert "model/log_logit_scale/.ATTRIBUTES/VARIABLE_VALUE" in keys
+    fresh = _model(vocab, "CrossExampleSoftmax")
+    tf.train.Checkpoint(model=fresh).restore(path).expect_partial()
+    assert float(fresh.log_logit_scale) == pytest.approx(2.5)
+    assert float(fresh.logit_scale) == pytest.approx(np.exp(2.5))
