@@ -110,9 +110,10 @@ def test_every_path_equals_the_dense_path(name, partition, tile, bidirectional, 
     assert bool(result.has_positive)
 
 
-def test_tiled_path_traces_under_xla():
+@pytest.mark.parametrize("partition", ["replicated", "sharded"])
+def test_tiled_path_traces_under_xla(partition):
     loss = losses.CrossExampleNegativeMining(scale=20.0)
-    dense, tiled = RetrievalObjective(loss), RetrievalObjective(loss, tile_size=3)
+    dense, tiled = RetrievalObjective(loss), RetrievalObjective(loss, partition=partition, tile_size=3)
     text, image = embeddings(3)
 
     @tf.function(jit_compile=True)
@@ -160,3 +161,20 @@ def test_batch_metrics_tiled_equal_dense():
         assert_close(recall_at_1_tiled(queries, docs, q_ids, d_ids, tile), want)
     assert bool(has_positive(q_ids, d_ids))
     assert not bool(has_positive(tf.constant([7, 8], tf.int64), d_ids))
+
+
+@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16])
+@pytest.mark.parametrize("partition, tile", PATHS)
+def test_half_precision_embeddings_on_every_path(dtype, partition, tile):
+    """Mixed precision: half-precision embeddings are computed in float32 on every path (the dense path's value and
+    gradients); gradients come back in the embeddings' dtype."""
+    loss = losses.CrossExampleNegativeMining(scale=20.0, bidirectional=True)
+    dense, other = RetrievalObjective(loss), RetrievalObjective(loss, partition=partition, tile_size=tile)
+    text, image = (tf.cast(x, dtype) for x in embeddings(5))
+    want, want_grads = value_and_grads(lambda t, v: dense(t, v, IDS).share, text, image)
+    got, got_grads = value_and_grads(lambda t, v: other(t, v, IDS).share, text, image)
+    assert got.dtype == tf.float32
+    assert_close(got, want)
+    for g, w in zip(got_grads, want_grads, strict=True):
+        assert g.dtype == dtype
+        assert_close(tf.cast(g, tf.float32), tf.cast(w, tf.float32), rtol=1e-2, atol=1e-3)
