@@ -13,6 +13,7 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.10,<3.13",
     packages=find_packages(include=["ce_retrieval", "ce_retrieval.*"]),
+    package_data={"ce_retrieval.cli": ["demo_range.json"]},  # the demo's figures over seeds (demo_record.py)
     install_requires=[
         # Exact, verified pins live in requirements.txt; these are the direct dependencies.
         "tensorflow~=2.20.0",

@@ -52,20 +52,25 @@ def quick_metrics(features: dict, text_head, image_head, split: str = "test") ->
     return {"pr_auc": global_pr_auc(q, d, qi, di)["pr_auc"], "t2i_r1": recall_at_k(q, d, qi, di, ks=(1,))["t2i"][1]}
 
 
-def full_metrics(features: dict, text_head, image_head) -> dict:
-    """Every figure of the table: ``evaluate_embeddings`` on test, thresholds calibrated on validation."""
+def evaluate_arrays(val: tuple, test: tuple, distractors=None) -> dict:
+    """Every figure of the table from ``(q, d, q_ids, d_ids)`` embeddings of val and test: ``evaluate_embeddings``
+    on test, with thresholds calibrated on val (the precision levels of ``RELIABILITY_LEVELS``)."""
     from ce_retrieval.evaluation import global_pr_auc
     from ce_retrieval.evaluation.evaluate import evaluate_embeddings, summary
     from ce_retrieval.evaluation.transfer import RELIABILITY_LEVELS
 
-    vq, vd, vqi, vdi = embed(features, text_head, image_head, "val")
-    val = global_pr_auc(vq, vd, vqi, vdi, target_precisions=RELIABILITY_LEVELS)
-    q, d, qi, di = embed(features, text_head, image_head, "test")
-    distractors = image_head(features["distractor_image"]).numpy()
-    metrics = evaluate_embeddings(
-        q, d, qi, di, distractor_emb=distractors, calibration_thresholds=val["threshold_at_precision"]
+    thresholds = global_pr_auc(*val, target_precisions=RELIABILITY_LEVELS)["threshold_at_precision"]
+    metrics = evaluate_embeddings(*test, distractor_emb=distractors, calibration_thresholds=thresholds)
+    return {"summary": summary(metrics), "metrics": metrics, "embeddings": test}
+
+
+def full_metrics(features: dict, text_head, image_head) -> dict:
+    """Every figure of the table: :func:`evaluate_arrays` of the heads' embeddings."""
+    return evaluate_arrays(
+        embed(features, text_head, image_head, "val"),
+        embed(features, text_head, image_head, "test"),
+        image_head(features["distractor_image"]).numpy(),
     )
-    return {"summary": summary(metrics), "metrics": metrics, "embeddings": (q, d, qi, di)}
 
 
 def train_heads(
@@ -81,8 +86,10 @@ def train_heads(
     eval_every: int = 100,
     jit_compile: bool = True,
     log=None,
+    extra_variables=(),
 ) -> dict:
-    """Trains the two heads with ``loss`` and returns ``{"curve", "summary", "metrics", "seconds", ...}``."""
+    """Trains the two heads with ``loss`` and returns ``{"curve", "summary", "metrics", "seconds", ...}``.
+    ``extra_variables`` are trained with the heads (e.g. a learned temperature and bias that ``loss`` reads)."""
     import tensorflow as tf
     import tf_keras
 
@@ -95,7 +102,7 @@ def train_heads(
     image_head = _head(tf, image_x.shape[1], hidden, dim, "image_head")
     schedule = tf_keras.optimizers.schedules.PolynomialDecay(learning_rate, steps, 0.0)
     optimizer = tf_keras.optimizers.Adam(schedule)
-    variables = text_head.trainable_variables + image_head.trainable_variables
+    variables = text_head.trainable_variables + image_head.trainable_variables + list(extra_variables)
 
     @tf.function(jit_compile=jit_compile)
     def step(rows, cols, ids):

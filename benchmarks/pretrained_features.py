@@ -24,6 +24,8 @@ import time
 
 import numpy as np
 
+from ce_retrieval.data.scene_facts import scene_attributes
+
 ATTRIBUTE_VERSION = 1
 
 
@@ -43,31 +45,6 @@ class FeatureConfig:
     def key(self) -> str:
         blob = json.dumps({**dataclasses.asdict(self), "v": ATTRIBUTE_VERSION}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def scene_attributes(scene) -> np.ndarray:
-    """Multi-hot attribute vector of a synthetic :class:`Scene` (the pretraining target, 95 entries)."""
-    from ce_retrieval.data import synthetic as syn
-
-    colors, shapes = list(syn.COLORS), list(syn.SHAPES)
-    sizes, counts = list(syn.SIZES), list(syn.COUNTS)
-    backgrounds, relations = list(syn.BACKGROUNDS), list(syn.RELATIONS)
-    group_width = len(colors) + len(shapes) + len(sizes) + len(counts)
-    out = np.zeros(len(backgrounds) + len(relations) + 1 + 2 * group_width + len(colors) * len(shapes), np.float32)
-    out[backgrounds.index(scene.background)] = 1
-    base = len(backgrounds)
-    out[base + (relations.index(scene.relation) if scene.relation else len(relations))] = 1
-    base += len(relations) + 1
-    for g, group in enumerate(scene.groups):
-        o = base + g * group_width
-        out[o + colors.index(group.color)] = 1
-        out[o + len(colors) + shapes.index(group.shape)] = 1
-        out[o + len(colors) + len(shapes) + sizes.index(group.size)] = 1
-        out[o + len(colors) + len(shapes) + len(sizes) + counts.index(group.count)] = 1
-    pairs = base + 2 * group_width
-    for group in scene.groups:
-        out[pairs + colors.index(group.color) * len(shapes) + shapes.index(group.shape)] = 1
-    return out
 
 
 def _demo_config(fc: FeatureConfig):

@@ -709,6 +709,7 @@ def part_service(
     captions = [" ".join(rng.choice(WORDS, size=rng.integers(3, 9))) for _ in range(2000)]
     topk = [json.dumps({"texts": [c], "k": 10}).encode() for c in captions]
     rows = []
+    totals = {"ok": 0, "failed": 0}  # summed over every row of the table (the summary quotes it)
     with server_process(root, "--reload_interval", str(max(0.5, publish_every_s / 3)), "--max_concurrency", "8") as (
         proc,
         host,
@@ -726,6 +727,7 @@ def part_service(
             for conc in (1, 8, 32):
                 r = load(host, port, bodies, conc, duration_s=duration_s)
                 rec.check(r["failed"] == 0, f"{name} at concurrency {conc}: {r['failed']} failed: {r['failures']}")
+                totals["ok"], totals["failed"] = totals["ok"] + r["ok"], totals["failed"] + r["failed"]
                 rows.append(
                     f"| {name} | {conc} | steady | {r['rps']:.0f} | {r['p50']:.1f} | {r['p99']:.1f} | "
                     f"{r['ok']} | {r['failed']} | {r['versions']} |"
@@ -757,6 +759,7 @@ def part_service(
             th.join()
             rec.check(r["failed"] == 0, f"{name} while publishing: {r['failed']} failed: {r['failures']}")
             rec.check(len(r["versions"]) >= 2, f"{name} while publishing: only versions {r['versions']} answered")
+            totals["ok"], totals["failed"] = totals["ok"] + r["ok"], totals["failed"] + r["failed"]
             rows.append(
                 f"| {name} | {conc} | new version every {publish_every_s:g} s | {r['rps']:.0f} | "
                 f"{r['p50']:.1f} | {r['p99']:.1f} | {r['ok']} | {r['failed']} | "
@@ -783,6 +786,8 @@ def part_service(
         "| query | concurrency | versions | requests/s | p50 ms | p99 ms | answered | failed | versions answering |",
         "|---|---:|---|---:|---:|---:|---:|---:|---|",
         *rows,
+        "",
+        f"Answered in all (the sum of the column): {totals['ok']:,} requests, {totals['failed']} failed.",
         "",
         f"Server RSS before / after {rss_requests:,} more requests (top-k, concurrency 8): "
         f"**{rss0:.0f} MB -> {rss1:.0f} MB** ({rss1 - rss0:+.0f} MB); versions published in this process's "

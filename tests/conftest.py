@@ -1,5 +1,7 @@
 """Shared test set-up: Keras 2 for keras-cv (set by the test process, as the ce-retrieval command does), quiet
-TensorFlow, deterministic seeds, a fresh Keras session per test."""
+TensorFlow, deterministic seeds, a fresh Keras session per test, and one guard: every pinned outside library the
+tests compare with (pytorch-metric-learning, torch, faiss, TensorFlow Similarity, scikit-learn) must be installed
+at its pin, or the run fails before any test (no ``importorskip``)."""
 
 import os
 
@@ -8,10 +10,20 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+import reference_packages  # noqa: E402  (tests/ is on sys.path: rootdir conftest)
 import tensorflow as tf  # noqa: E402
 import tf_keras  # noqa: E402
 
 import ce_retrieval  # noqa: E402,F401
+
+
+def pytest_configure(config):
+    missing = reference_packages.problems()
+    if missing:
+        raise pytest.UsageError(
+            "pinned reference packages the tests compare with are missing or at another version "
+            "(install requirements-dev.txt):\n  " + "\n  ".join(missing)
+        )
 
 
 @pytest.fixture(autouse=True)

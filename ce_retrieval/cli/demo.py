@@ -41,15 +41,9 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     import numpy as np
 
-    from ce_retrieval import configs, data
+    from ce_retrieval import configs
+    from ce_retrieval.cli import demo_record
     from ce_retrieval.cli.train import resolve_config
-    from ce_retrieval.configs.experiment import LossConfig
-    from ce_retrieval.evaluation.calibration import global_pr_auc
-    from ce_retrieval.evaluation.embed import embed_split, embed_strings
-    from ce_retrieval.evaluation.evaluate import evaluate_model
-    from ce_retrieval.serving.export import export_encoders
-    from ce_retrieval.serving.index import build_index
-    from ce_retrieval.serving.searcher import Searcher
     from ce_retrieval.training import load_trained
 
     t0 = time.perf_counter()
@@ -64,8 +58,7 @@ def run(args) -> int:
     base_cfg = None
     if baseline:
         base_dir = os.path.join(workdir, "baseline", "model")
-        # Only the loss differs; its hyper-parameters are the baseline's defaults (λ stays model.logit_scale).
-        base_cfg = dataclasses.replace(cfg, loss=LossConfig(name=baseline))
+        base_cfg = baseline_config(cfg, baseline)
         _stage(2, stages, "train the baseline", f"{baseline}, the same model, data, seed and steps -> {base_dir}")
         _train_once(base_cfg, base_dir, args.retrain)
     cfg, model = load_trained(model_dir)
@@ -78,6 +71,44 @@ def run(args) -> int:
         f"test split, {cfg.evaluation.distractors} distractors, "
         f"thresholds calibrated on {cfg.evaluation.split} -> {eval_dir}",
     )
+    test, val, reports = evaluate(cfg, model, base_cfg, workdir, eval_dir)
+    report = reports[cfg.loss.name]
+
+    _stage(step + 1, stages, "export", f"SavedModels for TF Serving -> {export_dir}")
+    paths = export_trained(cfg, model, export_dir)
+    print(f"[demo] exported version {paths.version}: {paths.text_encoder}, {paths.image_encoder}")
+
+    _stage(step + 2, stages, "index", "ScaNN index of the test gallery, thresholds calibrated on the validation split")
+    index_test_gallery(model, test, val, export_dir, paths.version)
+
+    _stage(
+        step + 3,
+        stages,
+        "query",
+        "the exported artefacts behind the HTTP retrieval service (POST /search on 127.0.0.1)",
+    )
+    query_service(export_dir, test, args.queries or _sample_captions(test, DEFAULT_QUERIES, cfg.data.seed))
+    demo_record.write(workdir, cfg, reports, time.perf_counter() - t0)  # record.json/.md + the range over seeds
+    print(f"\n[demo] done in {time.perf_counter() - t0:.0f} s. Artefacts under {workdir}")
+    return 0 if np.isfinite(report["summary"]["pr_auc"]) else 1
+
+
+def baseline_config(cfg, baseline: str):
+    """The baseline's experiment: ``cfg`` with only the loss replaced; its hyper-parameters are the baseline's
+    defaults (λ stays model.logit_scale)."""
+    from ce_retrieval.configs.experiment import LossConfig
+
+    return dataclasses.replace(cfg, loss=LossConfig(name=baseline), model=_baseline_model(cfg.model, baseline))
+
+
+def evaluate(cfg, model, base_cfg, workdir: str, eval_dir: str):
+    """The evaluation stage: every trained model on the test split (thresholds calibrated on the validation
+    split), metrics printed, and with a baseline the side-by-side comparison. Returns (test, val, the reports by
+    loss name: the configured model's first, then the baseline's)."""
+    from ce_retrieval import configs, data
+    from ce_retrieval.evaluation.evaluate import evaluate_model
+    from ce_retrieval.training import load_trained
+
     test = data.load_retrieval_split(cfg.data, "test")
     val = data.load_retrieval_split(cfg.data, cfg.evaluation.split)
     distractors = None
@@ -87,38 +118,38 @@ def run(args) -> int:
         distractors = distractor_images(
             cfg.evaluation.distractors, seed=cfg.data.seed + 7919, image_size=cfg.data.image_size
         )
-    reports = {cfg.loss.name: (model, eval_dir)}
-    if baseline:
+    runs = {cfg.loss.name: (model, cfg, eval_dir)}
+    if base_cfg is not None:
         _, base_model = load_trained(os.path.join(workdir, "baseline", "model"))
-        reports[baseline] = (base_model, os.path.join(eval_dir, "baseline"))
-    for name, (m, out) in reports.items():
-        reports[name] = evaluate_model(
+        runs[base_cfg.loss.name] = (base_model, base_cfg, os.path.join(eval_dir, "baseline"))
+    reports = {
+        name: evaluate_model(
             m.text_encoder,
             m.image_encoder,
             test,
             distractor_images=distractors,
             output_dir=out,
             run_name=name,
-            config=configs.to_dict(cfg if name == cfg.loss.name else base_cfg),
+            config=configs.to_dict(run_cfg),
             batch_size=cfg.evaluation.batch_size,
             calibration_split=val,
         )
+        for name, (m, run_cfg, out) in runs.items()
+    }
     report = reports[cfg.loss.name]
     _print_metrics(report)
-    if baseline:
-        side_by_side(reports, {cfg.loss.name: model, baseline: base_model}, test, eval_dir)
+    if base_cfg is not None:
+        side_by_side(reports, {name: m for name, (m, _, _) in runs.items()}, test, eval_dir)
+    return test, val, reports
 
-    _stage(step + 1, stages, "export", f"SavedModels for TF Serving -> {export_dir}")
-    paths = export_encoders(
-        model.text_encoder,
-        model.image_encoder,
-        export_dir,
-        metadata={"config": configs.to_dict(cfg), "checkpoint": getattr(model, "checkpoint_path", None)},
-        logit_scale=float(cfg.model.logit_scale),
-    )
-    print(f"[demo] exported version {paths.version}: {paths.text_encoder}, {paths.image_encoder}")
 
-    _stage(step + 2, stages, "index", "ScaNN index of the test gallery, thresholds calibrated on the validation split")
+def index_test_gallery(model, test, val, export_dir: str, version: int) -> dict:
+    """The index stage: the test images embedded with the trained image tower, indexed next to export
+    ``version``, with thresholds calibrated on the validation split."""
+    from ce_retrieval.evaluation.calibration import global_pr_auc
+    from ce_retrieval.evaluation.embed import embed_split, embed_strings
+    from ce_retrieval.serving.index import build_index
+
     val_q, val_d, val_qids, val_dids = embed_split(model.text_encoder, model.image_encoder, val)
     calibration = global_pr_auc(val_q, val_d, val_qids, val_dids)
     gallery, gallery_ids = embed_strings(model.image_encoder, test.images), test.image_ids
@@ -126,7 +157,7 @@ def run(args) -> int:
         gallery,
         gallery_ids,
         export_dir,
-        version=paths.version,
+        version=version,
         thresholds=calibration,
         queries=val_q,
         gallery_info={"split": "test"},
@@ -135,48 +166,68 @@ def run(args) -> int:
         f"[demo] index: {manifest.get('num_items', len(gallery_ids))} images, "
         f"thresholds {manifest.get('thresholds')}, ANN recall@10 {manifest.get('ann_recall_at_10')}"
     )
+    return manifest
 
-    _stage(
-        step + 3,
-        stages,
-        "query",
-        "the exported artefacts behind the HTTP retrieval service (POST /search on 127.0.0.1)",
-    )
+
+def query_service(export_dir: str, test, captions: list[str]) -> None:
+    """The query stage: the export behind the HTTP service; top-5 per caption, then every calibrated precision
+    level's threshold search, each hit marked when it is the caption's true image."""
     import httpx
 
+    from ce_retrieval.serving.searcher import Searcher
     from ce_retrieval.serving.service import create_app, serve_in_thread
 
-    captions = args.queries or _sample_captions(test, DEFAULT_QUERIES, cfg.data.seed)
     truth = {c: int(i) for c, i in zip(test.captions, test.caption_ids, strict=True)}
     with serve_in_thread(create_app(export_dir)) as url:
         print(f"[demo] service up at {url}: GET /healthz -> {httpx.get(url + '/healthz', timeout=30).status_code}")
         reply = httpx.post(url + "/search", json={"texts": captions, "k": 5}, timeout=120)
         reply.raise_for_status()
         for item in reply.json()["results"]:
-            text = item["text"]
-            print(f'\n  "{text}"' + (f"  (true image {truth[text]})" if text in truth else ""))
-            for rank, hit in enumerate(item["hits"], 1):
-                mark = " <- true image" if truth.get(text) == hit["id"] else ""
-                level = f", precision>={hit['precision_level']:g}" if hit.get("precision_level") is not None else ""
-                print(f"    {rank}. image {hit['id']:>10d}  score {hit['score']:.3f}{level}{mark}")
+            _print_hits(item, truth)
         thresholds = Searcher.load(export_dir).thresholds
-        levels = sorted(thresholds)
-        if levels:
-            print("\n[demo] threshold relevancy: every image above the score calibrated on val for a precision level")
-            for level in levels:
-                reply = httpx.post(url + "/search", json={"texts": captions, "precision": level}, timeout=120)
-                reply.raise_for_status()
-                results = reply.json()["results"]
-                counts = [r["num_hits"] for r in results]
-                found = sum(truth.get(r["text"]) in {h["id"] for h in r["hits"]} for r in results)
-                print(
-                    f"  precision {level:g} (tau = {thresholds[level]:.3f}): images returned per query {counts}, "
-                    f"true image among them for {found} of {len(results)} queries"
-                )
-        else:
+        if not thresholds:
             print("\n[demo] no precision level was reached on the validation split, so no calibrated threshold exists")
-    print(f"\n[demo] done in {time.perf_counter() - t0:.0f} s. Artefacts under {workdir}")
-    return 0 if np.isfinite(report["summary"]["pr_auc"]) else 1
+            return
+        print("\n[demo] threshold relevancy: every image above the score calibrated on val for a precision level")
+        for level in sorted(thresholds):
+            reply = httpx.post(url + "/search", json={"texts": captions, "precision": level}, timeout=120)
+            reply.raise_for_status()
+            results = reply.json()["results"]
+            counts = [r["num_hits"] for r in results]
+            found = sum(truth.get(r["text"]) in {h["id"] for h in r["hits"]} for r in results)
+            print(
+                f"  precision {level:g} (tau = {thresholds[level]:.3f}): images returned per query {counts}, "
+                f"true image among them for {found} of {len(results)} queries"
+            )
+
+
+def _print_hits(item: dict, truth: dict) -> None:
+    text = item["text"]
+    print(f'\n  "{text}"' + (f"  (true image {truth[text]})" if text in truth else ""))
+    for rank, hit in enumerate(item["hits"], 1):
+        mark = " <- true image" if truth.get(text) == hit["id"] else ""
+        level = f", precision>={hit['precision_level']:g}" if hit.get("precision_level") is not None else ""
+        print(f"    {rank}. image {hit['id']:>10d}  score {hit['score']:.3f}{level}{mark}")
+
+
+def export_trained(cfg, model, export_dir: str):
+    """The demo's export stage: the towers with the model's own (learned) λ, as ``ce-retrieval export`` writes
+    them (:func:`ce_retrieval.serving.export.export_model`), never the configured initial ``cfg.model.logit_scale``."""
+    from ce_retrieval import configs
+    from ce_retrieval.serving.export import export_model
+
+    metadata = {"config": configs.to_dict(cfg), "checkpoint": getattr(model, "checkpoint_path", None)}
+    return export_model(model, export_dir, metadata=metadata)
+
+
+def _baseline_model(model_cfg, baseline: str):
+    """The model config of the baseline: the same, less a logit bias its loss does not have (a SigLIP run's
+    ``model.logit_bias`` belongs to the sigmoid loss; a softmax baseline refuses it)."""
+    from ce_retrieval import losses
+
+    if losses.lookup(baseline).has_logit_bias:
+        return model_cfg
+    return dataclasses.replace(model_cfg, logit_bias=None, learn_logit_bias=False)
 
 
 def _stage(i: int, total: int, name: str, what: str) -> None:

@@ -1,5 +1,6 @@
 """``ce-retrieval export --model_dir D --export_dir E [--version V] [--no_verify]``: both towers of a trained
-model as TF Serving SavedModels (:func:`ce_retrieval.serving.export.export_encoders`)."""
+model as TF Serving SavedModels with the model's (learned) scoring parameters
+(:func:`ce_retrieval.serving.export.export_model`, which ``ce-retrieval demo`` uses too)."""
 
 from __future__ import annotations
 
@@ -17,21 +18,16 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    import numpy as np
-
-    from ce_retrieval.serving.export import export_encoders
+    from ce_retrieval.serving.export import export_model
     from ce_retrieval.training import load_trained  # lazy: the training stack is only needed here
 
     cfg, model = load_trained(args.model_dir)
     config = dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else {}
-    scale = getattr(model, "logit_scale", None)
-    paths = export_encoders(
-        model.text_encoder,
-        model.image_encoder,
+    paths = export_model(
+        model,
         args.export_dir,
         args.version,
         metadata={"model_dir": os.path.abspath(args.model_dir), "config": config},
-        logit_scale=None if scale is None else float(np.asarray(scale)),
         verify=not args.no_verify,
     )
     print(f"exported version {paths.version}:\n  {paths.text_encoder}\n  {paths.image_encoder}")

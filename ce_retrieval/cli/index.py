@@ -11,15 +11,14 @@ Thresholds come from ``--thresholds_json`` or are calibrated on ``--calibration_
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 
 import numpy as np
 
-from ce_retrieval.configs import from_dict
 from ce_retrieval.evaluation.ann import IndexParams
 from ce_retrieval.serving import layout
+from ce_retrieval.serving.gallery_source import data_config_of, read_images, resolve_source
 from ce_retrieval.serving.index import BRUTE_FORCE_BELOW, build_index
 from ce_retrieval.serving.sharded_index import build_sharded_index
 
@@ -36,39 +35,25 @@ def _embed_batches(signature, input_name: str, values: list, batch_size: int) ->
     return np.concatenate(out, axis=0)
 
 
-def _image_files(folder: str) -> tuple[list[bytes], np.ndarray, list[str]]:
-    names = sorted(f for f in os.listdir(folder) if f.lower().endswith((".jpg", ".jpeg", ".png")))
-    if not names:
-        raise FileNotFoundError(f"no .jpg/.jpeg/.png files in {folder}")
-    stems = [os.path.splitext(f)[0] for f in names]
-    ids = np.array([int(s) for s in stems]) if all(s.isdigit() for s in stems) else np.arange(len(names))
-    images = []
-    for f in names:
-        with open(os.path.join(folder, f), "rb") as fh:
-            images.append(fh.read())
-    return images, ids, names
+def _corrupt_policy(meta: dict) -> tuple[str, bool]:
+    """(on_corrupt, validate) of the export's data config for a split gallery; ("fail", False) without one."""
+    try:
+        cfg = data_config_of(meta)
+    except ValueError:
+        return "fail", False
+    return ("skip" if cfg.skip_corrupt else "fail"), bool(cfg.validate_images)
 
 
-def _tfrecord_images(pattern: str) -> tuple[list[bytes], np.ndarray]:
-    import tensorflow as tf
-
-    files = sorted(glob.glob(pattern))
-    if not files:
-        raise FileNotFoundError(f"no TFRecord files match {pattern}")
-    spec = {"image": tf.io.FixedLenFeature([], tf.string), "image_id": tf.io.FixedLenFeature([], tf.int64)}
-    seen: dict[int, bytes] = {}
-    for rec in tf.data.TFRecordDataset(files).map(lambda r: tf.io.parse_single_example(r, spec)):
-        seen.setdefault(int(rec["image_id"]), rec["image"].numpy())  # one entry per image (records are per caption)
-    return list(seen.values()), np.array(list(seen.keys()), dtype=np.int64)
-
-
-def _data_config(meta: dict):
-    from ce_retrieval.data.config import DataConfig  # lazy: only split names need the data package
-
-    data = ((meta.get("metadata") or {}).get("config") or {}).get("data")
-    if data is None:
-        raise ValueError("this export carries no data config; pass an image folder or TFRecord pattern to --images")
-    return from_dict(DataConfig, data, "config.data") if isinstance(data, dict) else data
+def _read_gallery(source: str, meta: dict) -> tuple[list[bytes], np.ndarray, dict]:
+    """The images and ids of ``--images`` (:func:`ce_retrieval.serving.gallery_source.resolve_source`, the Beam
+    pipeline's reader too) and the provenance that goes into the index manifest."""
+    on_corrupt, validate = _corrupt_policy(meta)
+    src = resolve_source(source, export_meta=meta, on_corrupt=on_corrupt)
+    images, ids = read_images(src, on_corrupt if validate and src.info["kind"] == "split" else None)
+    info = {"source": source}
+    if "names" in src.info:
+        info["names"] = src.info["names"]  # row i of the folder listing has id i
+    return images, ids, info
 
 
 def add_arguments(parser) -> None:
@@ -155,25 +140,14 @@ def run(args) -> int:
         embeddings, ids, info = _pipeline_gallery(args.embeddings, meta, version)
     else:
         _, image_fn = load_signature(image_dir)
-        info = {"source": args.images}
-        if os.path.isdir(args.images):
-            images, ids, names = _image_files(args.images)
-            if not all(os.path.splitext(f)[0].isdigit() for f in names):
-                info["names"] = names  # row i of the folder listing has id i
-        elif glob.glob(args.images):
-            images, ids = _tfrecord_images(args.images)
-        else:
-            from ce_retrieval.data import load_retrieval_split
-
-            split = load_retrieval_split(_data_config(meta), args.images)
-            images, ids = list(split.images), split.image_ids
+        images, ids, info = _read_gallery(args.images, meta)
         embeddings = _embed_batches(image_fn, IMAGE_INPUT, list(images), args.batch_size)
     if args.distractors:
         from ce_retrieval.data.synthetic import distractor_images
 
         if image_fn is None:
             _, image_fn = load_signature(image_dir)
-        cfg = _data_config(meta)
+        cfg = data_config_of(meta)
         extra = distractor_images(
             args.distractors, seed=getattr(cfg, "seed", 0) + 7919, image_size=getattr(cfg, "image_size", 64)
         )
@@ -195,7 +169,7 @@ def run(args) -> int:
         if image_fn is None:
             _, image_fn = load_signature(image_dir)
         _, text_fn = load_signature(layout.version_dir(export_dir, layout.TEXT_ENCODER, version))
-        cal = load_retrieval_split(_data_config(meta), args.calibration_split)
+        cal = load_retrieval_split(data_config_of(meta), args.calibration_split)
         queries = _embed_batches(text_fn, TEXT_INPUT, list(cal.captions), args.batch_size)
         cal_docs = _embed_batches(image_fn, IMAGE_INPUT, list(cal.images), args.batch_size)
         if thresholds is None:

@@ -1,10 +1,19 @@
-"""Typed experiment configs (dataclasses) with YAML files and ``--params_override``; see ``base.py``."""
+"""Typed experiment configs (dataclasses) with YAML files and ``--params_override``; the generic dataclass <-> YAML
+code is :mod:`ce_retrieval.utils.dataclass_yaml` (re-exported here)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ce_retrieval.configs.base import ConfigError, from_dict, load_yaml, merge, parse_override, save_yaml, to_dict
+from ce_retrieval.utils.dataclass_yaml import (
+    ConfigError,
+    from_dict,
+    load_yaml,
+    merge,
+    parse_override,
+    save_yaml,
+    to_dict,
+)
 
 if TYPE_CHECKING:
     from ce_retrieval.configs.experiment import ExperimentConfig

@@ -1,7 +1,7 @@
 """The experiment config: data, model, loss, training and evaluation, as one typed tree.
 
 YAML files in ``configs/`` fill it (``configs/synthetic_demo.yaml`` is the embedded default); see
-:mod:`ce_retrieval.configs.base` for the loading and override rules.
+:mod:`ce_retrieval.utils.dataclass_yaml` for the loading and override rules.
 """
 
 from __future__ import annotations
@@ -17,13 +17,30 @@ PRECISIONS = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
 
 
 @dataclasses.dataclass
+class RegularizerConfig:
+    """One term ``weight · R(relevance, cosine)`` added to the loss: a registered loss without a logit scale, by
+    name (``ThresholdConsistentMargin``), with its hyper-parameters, on the text × image cosine matrix (never the
+    logits λ·S, whether λ is fixed or learned)."""
+
+    name: str = "ThresholdConsistentMargin"
+    weight: float = 1.0
+    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        if not self.weight >= 0:
+            raise ValueError(f"loss.regularizers: weight must be >= 0, got {self.weight}")
+
+
+@dataclasses.dataclass
 class LossConfig:
     """Which loss trains the model: any registered class of ``ce_retrieval.losses`` by name, and its
     hyper-parameters except λ (λ is ``model.logit_scale``; :class:`ce_retrieval.tasks.RetrievalTask` builds the
-    loss and gives it λ)."""
+    loss and gives it λ), plus ``regularizers`` added to it (e.g. ``[{name: ThresholdConsistentMargin}]``: the
+    objective is ``loss + Σ weight · R``)."""
 
     name: str = "CrossExampleSoftmax"
     kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    regularizers: list[RegularizerConfig] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass

@@ -17,7 +17,7 @@ import dataclasses
 import hashlib
 import json
 
-from ce_retrieval.configs.base import from_dict
+from ce_retrieval.utils.dataclass_yaml import from_dict
 
 SOURCES = ("synthetic", "karpathy", "cc_tsv", "tfrecord")
 SPLITS = ("train", "val", "test")

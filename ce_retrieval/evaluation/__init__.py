@@ -2,10 +2,11 @@
 
 Metrics take embeddings + ids (NumPy or tensors). See docs in each module: ``calibration`` (exact streamed
 PR-AUC), ``transfer`` (do thresholds calibrated on one split keep their precision on another; per-query threshold
-spread), ``retrieval`` (Recall@K, distractors, ANN loss), ``search`` (exact chunked top-k), ``ann`` (ScaNN),
-``labelled`` (Recall@K, MAP@R, NMI of labelled embeddings), ``embed``, ``evaluate`` (JSON + plots), ``callback``
-and ``labelled_callback`` (Keras), ``plots``, ``report`` (tables of evaluation JSONs). The ``evaluate`` and
-``report`` commands are in :mod:`ce_retrieval.cli`.
+spread), ``opis`` (operating-point inconsistency: how unequally one threshold serves the queries), ``retrieval``
+(Recall@K, distractors, ANN loss), ``search`` (exact chunked top-k), ``ann`` (ScaNN), ``labelled`` (Recall@K,
+MAP@R, NMI of labelled embeddings), ``embed``, ``evaluate`` (JSON + plots), ``callback`` and ``labelled_callback``
+(Keras), ``plots``, ``report`` (tables of evaluation JSONs). The ``evaluate`` and ``report`` commands are in
+:mod:`ce_retrieval.cli`.
 """
 
 from ce_retrieval.evaluation.ann import ScannSearch
@@ -15,6 +16,7 @@ from ce_retrieval.evaluation.embed import embed_split, embed_strings
 from ce_retrieval.evaluation.evaluate import dataset_fingerprint, evaluate_embeddings, evaluate_model
 from ce_retrieval.evaluation.labelled import labelled_retrieval_metrics
 from ce_retrieval.evaluation.labelled_callback import LabelledRetrievalCallback
+from ce_retrieval.evaluation.opis import calibration_range, operating_point_inconsistency, opis
 from ce_retrieval.evaluation.report import paired_difference
 from ce_retrieval.evaluation.retrieval import ann_recall_loss, recall_at_k, recall_with_distractors
 from ce_retrieval.evaluation.search import ExactSearch, exact_search
@@ -33,6 +35,7 @@ __all__ = [
     "RetrievalEvaluationCallback",
     "ScannSearch",
     "ann_recall_loss",
+    "calibration_range",
     "calibration_summary",
     "dataset_fingerprint",
     "embed_split",
@@ -42,6 +45,8 @@ __all__ = [
     "exact_search",
     "global_pr_auc",
     "labelled_retrieval_metrics",
+    "operating_point_inconsistency",
+    "opis",
     "paired_difference",
     "per_query_thresholds",
     "recall_at_k",

@@ -8,11 +8,13 @@ callback *before* those in the ``callbacks`` list. With ``log_dir`` the same sca
 (``<log_dir>/retrieval``), step = epoch (1-based).
 
 With ``pr_auc`` on it also logs ``threshold_spread`` / ``relative_threshold_spread`` (how far apart the queries'
-own best thresholds lie, see ``transfer.per_query_thresholds``); given a ``calibration_split`` too (e.g. a held-out
-part of validation) it calibrates thresholds for the precisions 0.05 ... 0.95 on that split at every evaluation
-and logs the precision they achieve on ``split`` (``achieved_precision_0.5/0.8/0.9``) and their
-``mean_calibration_error``. Figures without a value (a level unreachable on the calibration split, nothing
-predicted, no score gap) are logged as NaN.
+own best thresholds lie, see ``transfer.per_query_thresholds``) and ``opis`` / ``i2t_opis`` (the operating-point
+inconsistency of caption / image queries over the span of the split's own thresholds for the precisions
+0.05 ... 0.95, see ``opis``); given a ``calibration_split`` too (e.g. a held-out part of validation) it
+calibrates thresholds for the precisions 0.05 ... 0.95 on that split at every evaluation and logs the precision
+they achieve on ``split`` (``achieved_precision_0.5/0.8/0.9``) and their ``mean_calibration_error``.
+Figures without a value (a level unreachable on the calibration split, nothing predicted, no score gap, no
+calibration range) are logged as NaN.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import tf_keras
 
 from ce_retrieval.evaluation.calibration import global_pr_auc
 from ce_retrieval.evaluation.embed import embed_split
+from ce_retrieval.evaluation.opis import operating_point_inconsistency, opis_summary
 from ce_retrieval.evaluation.retrieval import recall_at_k
 from ce_retrieval.evaluation.transfer import (
     RELIABILITY_LEVELS,
@@ -37,9 +40,10 @@ __all__ = ["RetrievalEvaluationCallback"]
 
 class RetrievalEvaluationCallback(tf_keras.callbacks.Callback):
     """Adds ``<prefix>pr_auc``, ``<prefix>average_precision``, ``<prefix>best_f1``, ``<prefix>rsum``,
-    ``<prefix>{t2i,i2t}_r{K}``, ``<prefix>threshold_spread``, ``<prefix>relative_threshold_spread`` and (with a
-    ``calibration_split``) ``<prefix>achieved_precision_{0.5,0.8,0.9}``, ``<prefix>mean_calibration_error`` to
-    the logs of every ``every_n_epochs``-th epoch (and of the last one)."""
+    ``<prefix>{t2i,i2t}_r{K}``, ``<prefix>threshold_spread``, ``<prefix>relative_threshold_spread``,
+    ``<prefix>opis``, ``<prefix>i2t_opis`` and (with a ``calibration_split``)
+    ``<prefix>achieved_precision_{0.5,0.8,0.9}``, ``<prefix>mean_calibration_error`` to the logs of every
+    ``every_n_epochs``-th epoch (and of the last one)."""
 
     def __init__(
         self,
@@ -85,7 +89,7 @@ class RetrievalEvaluationCallback(tf_keras.callbacks.Callback):
             for k, v in recall[direction].items():
                 out[f"{direction}_r{k}"] = v
         if self.pr_auc:
-            cal = global_pr_auc(q, d, qi, di)
+            cal = global_pr_auc(q, d, qi, di, target_precisions=RELIABILITY_LEVELS)
             out.update(pr_auc=cal["pr_auc"], average_precision=cal["average_precision"], best_f1=cal["best_f1"]["f1"])
             spread = per_query_thresholds(q, d, qi, di)
             transfer = None
@@ -96,7 +100,8 @@ class RetrievalEvaluationCallback(tf_keras.callbacks.Callback):
                 ]
                 transfer = threshold_transfer(thresholds, q, d, qi, di)
             figures = calibration_summary(transfer, spread)
-            keys = ["threshold_spread", "relative_threshold_spread"]
+            figures.update(opis_summary(operating_point_inconsistency(q, d, qi, di, cal["threshold_at_precision"])))
+            keys = ["threshold_spread", "relative_threshold_spread", "opis", "i2t_opis"]
             if transfer is not None:
                 keys = [f"achieved_precision_{c}" for c in ("0.5", "0.8", "0.9")] + ["mean_calibration_error"] + keys
             out.update({k: float("nan") if figures[k] is None else float(figures[k]) for k in keys})

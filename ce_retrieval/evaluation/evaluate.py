@@ -7,6 +7,8 @@
 * optionally Recall@1/5/10/100 text->image with distractor images appended to the gallery,
 * optionally the recall lost by an approximate searcher,
 * each query's own best-F1 threshold and their spread (``query_thresholds``, see ``transfer``),
+* the operating-point inconsistency (``opis``, both directions, see ``opis``) over the span of this split's
+  thresholds for the precisions ``RELIABILITY_LEVELS``,
 * optionally, given thresholds calibrated on another split (``calibration_split``, usually validation), the
   precision each achieves on this split (``transfer``: the promise a shipped threshold makes, checked),
 
@@ -30,6 +32,7 @@ import numpy as np
 
 from ce_retrieval.evaluation.calibration import global_pr_auc
 from ce_retrieval.evaluation.embed import embed_split, embed_strings
+from ce_retrieval.evaluation.opis import operating_point_inconsistency, opis_summary
 from ce_retrieval.evaluation.retrieval import ann_recall_loss, recall_at_k, recall_with_distractors
 from ce_retrieval.evaluation.search import exact_search
 from ce_retrieval.evaluation.transfer import (
@@ -99,18 +102,25 @@ def evaluate_embeddings(
     calibration_thresholds: dict | None = None,
 ) -> dict:
     """All metrics from embeddings: ``{"recall", "calibration", "distractors" (or None), "ann" (or None),
-    "query_thresholds", "transfer" (or None)}``.
+    "query_thresholds", "opis", "transfer" (or None)}``.
+
+    ``calibration`` reports thresholds for every precision of ``RELIABILITY_LEVELS``; their span is the range
+    over which ``opis`` (:func:`~ce_retrieval.evaluation.opis.operating_point_inconsistency`) integrates.
 
     ``calibration_thresholds``: ``{precision level: score threshold or None}`` chosen on another split (its
     ``global_pr_auc(...)["threshold_at_precision"]``); ``transfer`` is then ``threshold_transfer`` of them on
     these embeddings.
     """
+    calibration = global_pr_auc(query_emb, doc_emb, query_ids, doc_ids, target_precisions=RELIABILITY_LEVELS)
     metrics = {
         "recall": recall_at_k(query_emb, doc_emb, query_ids, doc_ids, ks=ks),
-        "calibration": global_pr_auc(query_emb, doc_emb, query_ids, doc_ids),
+        "calibration": calibration,
         "distractors": None,
         "ann": None,
         "query_thresholds": per_query_thresholds(query_emb, doc_emb, query_ids, doc_ids),
+        "opis": operating_point_inconsistency(
+            query_emb, doc_emb, query_ids, doc_ids, calibration["threshold_at_precision"]
+        ),
         "transfer": None,
     }
     if calibration_thresholds is not None:
@@ -128,7 +138,7 @@ def summary(metrics: dict) -> dict:
     """Flat headline figures (fractions): ``pr_auc``, ``average_precision``, ``rsum``, ``t2i_r1`` ..., ``dis_t2i_r100``,
     and (None when unavailable) ``achieved_precision_0.5/0.8/0.9``, ``achieved_recall_...``,
     ``calibration_error_...``, ``mean_calibration_error``, ``threshold_spread``, ``relative_threshold_spread``
-    (see ``transfer.calibration_summary``)."""
+    (see ``transfer.calibration_summary``), ``opis`` (caption queries) and ``i2t_opis`` (image queries)."""
     out = {
         "pr_auc": metrics["calibration"]["pr_auc"],
         "average_precision": metrics["calibration"]["average_precision"],
@@ -142,6 +152,7 @@ def summary(metrics: dict) -> dict:
         for k, v in metrics["distractors"]["t2i"].items():
             out[f"dis_t2i_r{k}"] = v
     out.update(calibration_summary(metrics.get("transfer"), metrics.get("query_thresholds")))
+    out.update(opis_summary(metrics.get("opis")))
     return out
 
 

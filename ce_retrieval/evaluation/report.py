@@ -9,7 +9,9 @@ Markdown, ``--plot out.png`` the PR curves of all runs in one figure (paper Figu
 Calibration columns follow: the precision achieved on the evaluated split by the thresholds calibrated on
 validation for 50/80/90% precision, the mean |achieved - promised| over all calibrated levels (in points), and
 the relative spread of the per-query best thresholds (``(p95 - p5) / (mean positive - mean negative score)``;
-a ratio, lower is better calibrated). ``--reliability out.png`` plots promised against achieved precision for
+a ratio, lower is better calibrated) and the operating-point inconsistency OPIS of the caption queries (the
+variance across queries of their TPR/TNR harmonic mean, averaged over the calibration range; shown x 10^3, lower
+is more threshold-consistent). ``--reliability out.png`` plots promised against achieved precision for
 all runs (mean over seeds, band = standard deviation). When runs named ``CrossExampleSoftmax`` and
 ``SampledSoftmax`` are both present, "CE − SS" lines give their paired difference in PR AUC and R@1
 (:func:`paired_difference`: seeds paired by ``config.train.seed``, paired t-test).
@@ -37,9 +39,11 @@ _TEST = [("pr_auc", "PR AUC"), ("t2i_r1", "@1"), ("t2i_r5", "@5"), ("t2i_r10", "
 _DIS = [("dis_t2i_r1", "@1"), ("dis_t2i_r5", "@5"), ("dis_t2i_r10", "@10"), ("dis_t2i_r100", "@100")]
 _TAIL = [("rsum", "rsum")]
 _ACHIEVED = [("achieved_precision_0.5", "@50%"), ("achieved_precision_0.8", "@80%"), ("achieved_precision_0.9", "@90%")]
-_SPREAD = [("mean_calibration_error", "cal.err"), ("relative_threshold_spread", "rel.spread")]
+_SPREAD = [("mean_calibration_error", "cal.err"), ("relative_threshold_spread", "rel.spread"), ("opis", "OPIS")]
 _COLUMNS = _TEST + _DIS + _TAIL + _ACHIEVED + _SPREAD
-_SCALE = {"relative_threshold_spread": 1.0}  # a ratio; every other column is a fraction shown in %
+# rel.spread is a ratio, OPIS a variance of fractions (at most 1/4) shown x 10^3; every other column is a fraction
+# shown in %.
+_SCALE = {"relative_threshold_spread": 1.0, "opis": 1e3}
 # The paired comparison printed when both runs are present: (a, b, label) and the figures compared.
 _PAIRED = ("CrossExampleSoftmax", "SampledSoftmax", "CE − SS")
 _PAIRED_KEYS = [("pr_auc", "PR AUC"), ("t2i_r1", "R@1")]
@@ -141,7 +145,9 @@ def format_table(results: list[dict]) -> str:
     notes.append(
         f"@50/80/90%: precision achieved here by the thresholds calibrated on {_calibration_name(results)} for "
         "that precision; cal.err: mean |achieved - promised| over all calibrated levels; rel.spread: "
-        "(p95 - p5) of the per-query best thresholds / (mean positive - mean negative score), a ratio"
+        "(p95 - p5) of the per-query best thresholds / (mean positive - mean negative score), a ratio; OPIS: "
+        "variance across queries of their TPR/TNR harmonic mean, averaged over the calibration range, x 10^3 "
+        "(lower = more threshold-consistent)"
     )
     return "\n".join(out + notes + format_paired(results))
 
@@ -155,7 +161,7 @@ def format_markdown(results: list[dict]) -> str:
         + [f"R{h} dis." for _, h in _DIS]
         + ["rsum"]
         + [f"Prec. {h} ({cal} thr.)" for _, h in _ACHIEVED]
-        + ["Mean cal. err.", "Rel. thr. spread"]
+        + ["Mean cal. err.", "Rel. thr. spread", "OPIS (×10⁻³)"]
     )
     out = ["| " + " | ".join(headers) + " |", "|" + "|".join(["---"] + ["---:"] * (len(headers) - 1)) + "|"]
     out += ["| " + " | ".join([name, n, *cells]) + " |" for name, n, cells in rows]
@@ -164,7 +170,9 @@ def format_markdown(results: list[dict]) -> str:
         "mean ± sample std over the n evaluation files of a run. "
         f"Prec. @p%: precision achieved by the threshold calibrated on {cal} for precision p; mean cal. err.: "
         "mean |achieved − promised| over all calibrated levels; rel. thr. spread: (p95 − p5) of the per-query "
-        "best-F1 thresholds over (mean positive − mean negative score), a ratio."
+        "best-F1 thresholds over (mean positive − mean negative score), a ratio; OPIS: operating-point "
+        "inconsistency of the caption queries (variance across queries of their TPR/TNR harmonic mean, averaged "
+        "over the calibration range), ×10⁻³, lower = more threshold-consistent."
     )
     paired = format_paired(results)
     return "\n".join(out) + "\n\n" + notes + "\n" + "".join(f"\n{p}\n" for p in paired)

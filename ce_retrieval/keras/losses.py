@@ -44,7 +44,7 @@ from ce_retrieval.losses.relevance import relevance_from_ids
 EXCLUDED: dict[str, str] = {}
 
 #: the declared capabilities copied from the tf_keras class (docs/losses.md, "Declared capabilities")
-_CAPABILITIES = ("supports_bidirectional", "has_logit_scale", "needs_gram", "needs_proxies")
+_CAPABILITIES = ("supports_bidirectional", "has_logit_scale", "has_logit_bias", "needs_gram", "needs_proxies")
 
 
 class RetrievalLoss(keras.losses.Loss):

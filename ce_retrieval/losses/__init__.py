@@ -35,6 +35,7 @@ from ce_retrieval.losses.proxy_nca import ProxyNCALoss
 from ce_retrieval.losses.registry import available, get, lookup, register
 from ce_retrieval.losses.regularizers import DivergenceLoss, SphericalEmbeddingConstraint
 from ce_retrieval.losses.relevance import IGNORED, IRRELEVANT, RELEVANT, relevance_from_ids
+from ce_retrieval.losses.sigmoid import SigmoidLoss
 from ce_retrieval.losses.soft_triple import SoftTripleLoss
 from ce_retrieval.losses.softmax import (
     CrossExampleNegativeMining,
@@ -43,6 +44,7 @@ from ce_retrieval.losses.softmax import (
     StochasticNegativeMining,
 )
 from ce_retrieval.losses.softmax_core import SoftmaxFamilyLoss
+from ce_retrieval.losses.threshold_consistent import ThresholdConsistentMargin
 from ce_retrieval.losses.triplet import TripletLoss
 
 __all__ = [
@@ -76,6 +78,8 @@ __all__ = [
     "NPairLoss",
     "InfoNCE",
     "SymmetricInfoNCE",
+    # SigLIP's pairwise sigmoid
+    "SigmoidLoss",
     # pair and triplet losses
     "ContrastiveLoss",
     "TripletLoss",
@@ -96,4 +100,6 @@ __all__ = [
     # embedding regularisers
     "DivergenceLoss",
     "SphericalEmbeddingConstraint",
+    # a regulariser of the cosine matrix, added to any loss (loss.regularizers)
+    "ThresholdConsistentMargin",
 ]

@@ -110,6 +110,8 @@ class RetrievalLoss(tf_keras.losses.Loss):
     # nothing is found by ``getattr``.
     #: λ (the logit scale, ``l = λ·S``) is a constructor argument; see :meth:`logit_scale_kwargs`.
     has_logit_scale: bool = False
+    #: b, a logit bias (``l = λ·S + b``, SigLIP), is a constructor argument; see :meth:`logit_bias_kwargs`.
+    has_logit_bias: bool = False
     #: the columns of S are learned class proxies (or centres), not documents of the batch.
     needs_proxies: bool = False
     #: holds a training-step variable ``step`` that :class:`~ce_retrieval.losses.AnnealingStepCallback` advances.
@@ -132,6 +134,16 @@ class RetrievalLoss(tf_keras.losses.Loss):
     def logit_scale(self) -> float | None:
         """The λ this instance multiplies S by, or None for a loss without a logit scale."""
         return float(self.scale) if self.has_logit_scale else None
+
+    @classmethod
+    def logit_bias_kwargs(cls, bias: float) -> dict:
+        """Constructor kwargs that give this loss the logit bias b = ``bias`` ({} for a loss without one)."""
+        return {"bias": float(bias)} if cls.has_logit_bias else {}
+
+    @property
+    def logit_bias(self) -> float | None:
+        """The b this instance adds to its logits, or None for a loss without a logit bias."""
+        return float(self.bias) if self.has_logit_bias else None
 
     def __init__(
         self,

@@ -7,6 +7,7 @@ same function with the constructor's arguments), wrapped with the class's input 
     F.cross_example_softmax(relevance, scores, scale=20.0)
     F.triplet(relevance, scores, margin=0.2, mining="semi-hard")
     F.info_nce(relevance, scores, temperature=0.07, bidirectional=True)
+    F.sigmoid_loss(relevance, scores, scale=10.0, bias=-10.0)
 
 * ``relevance`` (``y_true``) and ``scores`` (``y_pred``, the similarity matrix ``S``) are ``[N, M]``; the value
   is a float32 scalar whatever the input dtype (float16 / bfloat16 inputs are computed in float32);
@@ -39,9 +40,11 @@ from ce_retrieval.losses import nca as _nca
 from ce_retrieval.losses import npair as _npair
 from ce_retrieval.losses import proxy_anchor as _proxy_anchor
 from ce_retrieval.losses import proxy_nca as _proxy_nca
+from ce_retrieval.losses import sigmoid as _sigmoid
 from ce_retrieval.losses import soft_triple as _soft_triple
 from ce_retrieval.losses import softmax as _softmax
 from ce_retrieval.losses import softmax_core as _softmax_core
+from ce_retrieval.losses import threshold_consistent as _threshold_consistent
 from ce_retrieval.losses import tiled as _tiled
 from ce_retrieval.losses import triplet as _triplet
 from ce_retrieval.losses.base import validate_similarity_inputs
@@ -89,6 +92,8 @@ tiled_softmax_loss = _tiled.tiled_softmax_loss
 npair = _validated(_npair.npair, _npair.NPairLoss)
 info_nce = _validated(_npair.info_nce, _npair.InfoNCE)
 symmetric_info_nce = _validated(_npair.symmetric_info_nce, _npair.SymmetricInfoNCE)
+# SigLIP's pairwise sigmoid.
+sigmoid_loss = _validated(_sigmoid.sigmoid_loss, _sigmoid.SigmoidLoss)
 # Pair and triplet losses.
 contrastive = _validated(_contrastive.contrastive, _contrastive.ContrastiveLoss)
 triplet = _validated(_triplet.triplet, _triplet.TripletLoss)
@@ -104,6 +109,10 @@ proxy_nca = _validated(_proxy_nca.proxy_nca, _proxy_nca.ProxyNCALoss)
 proxy_anchor = _validated(_proxy_anchor.proxy_anchor, _proxy_anchor.ProxyAnchorLoss)
 soft_triple = _validated(_soft_triple.soft_triple, _soft_triple.SoftTripleLoss)
 centroid_upper_bound = _validated(_centroid.centroid_upper_bound, _centroid.CentroidUpperBoundLoss)
+# Threshold-Consistent Margin, a regulariser of cosine similarities.
+threshold_consistent_margin = _validated(
+    _threshold_consistent.threshold_consistent_margin, _threshold_consistent.ThresholdConsistentMargin
+)
 # GOAL (a logging value with a prescribed gradient).
 gradient_objective = _validated(_goal.gradient_objective, _goal.GradientObjective)
 
@@ -129,10 +138,12 @@ __all__ = [
     "proxy_anchor",
     "proxy_nca",
     "sampled_softmax",
+    "sigmoid_loss",
     "soft_triple",
     "softmax_loss",
     "stochastic_negative_mining",
     "symmetric_info_nce",
+    "threshold_consistent_margin",
     "tiled_softmax_loss",
     "triplet",
 ]

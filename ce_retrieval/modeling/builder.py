@@ -31,6 +31,8 @@ def build_two_tower(
         logit_scale=model_cfg.logit_scale,
         learn_logit_scale=model_cfg.learn_logit_scale,
         max_logit_scale=model_cfg.max_logit_scale,
+        logit_bias=model_cfg.logit_bias,
+        learn_logit_bias=model_cfg.learn_logit_bias,
     )
 
 

@@ -19,9 +19,10 @@ demo (a few seconds per step on a laptop CPU).
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import field
 
-from ce_retrieval.configs.base import from_dict
+from ce_retrieval.utils.dataclass_yaml import from_dict
 
 TEXT_KINDS = ("bert", "hub")
 TEXT_POOLINGS = ("cls", "pooled", "mean")
@@ -165,13 +166,19 @@ class ImageTowerConfig:
 
 @dataclasses.dataclass
 class ModelConfig:
-    """The two-tower model: towers, embedding size d and the logit scale λ.
+    """The two-tower model: towers, embedding size d, the logit scale λ and the logit bias b.
 
     Similarity is the cosine of the L2-normalised embeddings. ``logit_scale`` is the one home of λ (``l = λ·S``):
     the retrieval task gives it to any loss that has a logit scale (``scale=λ``, ``temperature=1/λ``, ...; see
     ``ce_retrieval.tasks``), and a loss without one has none. With ``learn_logit_scale=True`` the model learns
     ``log λ`` (initialised to ``log(logit_scale)``, capped at ``max_logit_scale`` as in CLIP), passes ``λ·cos``
     to the loss and the loss gets λ = 1.
+
+    ``logit_bias`` is the one home of b (``l = λ·S + b``), for a loss that declares a bias (``has_logit_bias``:
+    ``SigmoidLoss``, which needs it set) and refused for any other; ``None``: no bias. With
+    ``learn_logit_bias=True`` the model learns b (initialised to ``logit_bias``), passes ``λ·cos + b`` to the
+    loss (applying λ itself, learned or not) and the loss gets λ = 1, b = 0. SigLIP's recipe (Zhai et al. 2023):
+    ``logit_scale: 10, learn_logit_scale: true, logit_bias: -10, learn_logit_bias: true``.
     """
 
     text: TextTowerConfig = field(default_factory=TextTowerConfig)
@@ -180,6 +187,8 @@ class ModelConfig:
     logit_scale: float = 20.0
     learn_logit_scale: bool = False
     max_logit_scale: float = 100.0
+    logit_bias: float | None = None
+    learn_logit_bias: bool = False
 
     def __post_init__(self):
         if isinstance(self.text, dict):  # nested mappings: the one config-from-dict, strictly
@@ -192,6 +201,10 @@ class ModelConfig:
             raise ValueError(
                 f"logit_scale must be in (0, max_logit_scale={self.max_logit_scale}], got {self.logit_scale}"
             )
+        if self.learn_logit_bias and self.logit_bias is None:
+            raise ValueError("model.learn_logit_bias needs model.logit_bias, its initial value (SigLIP: -10)")
+        if self.logit_bias is not None and not math.isfinite(self.logit_bias):
+            raise ValueError(f"model.logit_bias must be a finite number or null, got {self.logit_bias}")
 
     @classmethod
     def tiny(cls, **overrides) -> ModelConfig:

@@ -8,7 +8,9 @@ One step on a global batch of B (caption, image, image_id) rows split over R rep
     L   = loss(R, S)                 fixed λ: the loss applies its own scale λ (= ModelConfig.logit_scale)
                                      (gather -> L: the retrieval objective, ce_retrieval.objective)
     L   = loss(R, λ S), λ = min(exp(s), λ_max)       learned λ (loss must have scale 1)
+    L   = loss(R, λ S + b)                           learned bias b (SigLIP; loss must have scale 1, bias 0)
     (a loss that ``needs_gram`` gets the joint Gram matrix of [T; V] instead, [2B, 2B], self-pairs ignored)
+    L  += Σ_k w_k · reg_k(R, S)                       regularisers on the cosine S, never on λ S + b (TCM)
     text params  <- AdamW step on dL/dθ_text (and on s, the learned log-scale, if any)
     image params <- SGD+momentum step on dL/dθ_image
 
@@ -54,7 +56,7 @@ from ce_retrieval.data.schema import CAPTION, IMAGE, IMAGE_ID
 from ce_retrieval.modeling import grad_cache
 from ce_retrieval.modeling.augmentation import ImageAugmentation
 from ce_retrieval.modeling.text_tower import Tower
-from ce_retrieval.objective import LogitScale, RetrievalObjective
+from ce_retrieval.objective import LogitBias, LogitScale, RetrievalObjective
 from ce_retrieval.utils.replicas import num_replicas
 
 BAD_BATCH_POLICIES = ("stop", "skip")
@@ -75,6 +77,8 @@ class TwoTowerModel(tf_keras.Model):
         augmentation: :class:`ImageAugmentation` applied to decoded pixels in ``train_step`` only (or None).
         logit_scale: λ (initial value if learned).
         learn_logit_scale: learn ``log λ`` (updated by the text optimizer), capped at ``max_logit_scale``.
+        logit_bias: b of ``l = λ·S + b`` for a loss with a logit bias (SigLIP; initial value if learned), or None.
+        learn_logit_bias: learn b (updated by the text optimizer); the model then applies λ and b itself.
     """
 
     def __init__(
@@ -85,6 +89,8 @@ class TwoTowerModel(tf_keras.Model):
         logit_scale: float = 20.0,
         learn_logit_scale: bool = False,
         max_logit_scale: float = 100.0,
+        logit_bias: float | None = None,
+        learn_logit_bias: bool = False,
         name: str = "two_tower",
         **kwargs,
     ):
@@ -103,7 +109,9 @@ class TwoTowerModel(tf_keras.Model):
                 initializer=tf_keras.initializers.Constant(math.log(logit_scale)),
                 trainable=True,
             )
-        # λ: the objective's, with this model's variable (tracked here as log_logit_scale: checkpoints restore)
+        self._init_logit_bias(logit_bias, learn_logit_bias)
+        # λ and b: the objective's, with this model's variables (tracked here as log_logit_scale and logit_bias:
+        # checkpoints restore)
         self._scale = LogitScale(
             logit_scale,
             self.learn_logit_scale,
@@ -137,6 +145,33 @@ class TwoTowerModel(tf_keras.Model):
     def loss_partition(self) -> str:
         return "replicated" if self.objective is None else self.objective.partition
 
+    # The logit bias b (SigLIP): the objective's, lent this model's variable (weight ``logit_bias``).
+    def _init_logit_bias(self, logit_bias: float | None, learn: bool) -> None:
+        if learn and logit_bias is None:
+            raise ValueError("learn_logit_bias=True needs logit_bias, the initial value of b (SigLIP: -10)")
+        self.learn_logit_bias = bool(learn)
+        self.initial_logit_bias = None if logit_bias is None else float(logit_bias)
+        variable = None
+        if self.learn_logit_bias:
+            variable = self.logit_bias_variable = self.add_weight(
+                name="logit_bias",
+                shape=(),
+                dtype=tf.float32,
+                initializer=tf_keras.initializers.Constant(self.initial_logit_bias),
+                trainable=True,
+            )
+        self._bias = None if logit_bias is None else LogitBias(logit_bias, self.learn_logit_bias, variable)
+
+    @property
+    def logit_bias(self) -> tf.Tensor | None:
+        """b as a float32 scalar tensor (the learned value if ``learn_logit_bias``), or None without a bias."""
+        return None if self._bias is None else self._bias()
+
+    @property
+    def applies_logit_scale(self) -> bool:
+        """Whether the objective turns S into logits itself (λ learned, or b learned: b is added after λ)."""
+        return self.learn_logit_scale or self.learn_logit_bias
+
     def call(self, inputs: dict, training: bool = False) -> dict[str, tf.Tensor]:
         """``{"caption": [B] str, "image": [B] bytes}`` -> ``{"text": [B, d], "image": [B, d]}`` (either key may
         be absent). No augmentation, whatever ``training`` says."""
@@ -164,6 +199,7 @@ class TwoTowerModel(tf_keras.Model):
         embedding_chunk: int | None = None,
         loss_partition: str = "replicated",
         loss_tile_size: int | str = 0,
+        regularizers=None,
         **kwargs,
     ) -> None:
         """Sets the retrieval loss and the two optimizers.
@@ -182,6 +218,8 @@ class TwoTowerModel(tf_keras.Model):
         ``loss_tile_size``: ``0`` (dense), a tile width T or ``"auto"``: the loss over column tiles without the
         ``[B, B]`` matrix (a loss that ``supports_tiled``). Both choices are the objective's
         (:class:`ce_retrieval.objective.RetrievalObjective`), which refuses a combination the loss does not have.
+        ``regularizers``: ``[(weight, loss)]`` added to the loss on the text × image cosine matrix, before λ and b
+        (``ThresholdConsistentMargin``: its margins are cosines); built from ``loss.regularizers`` by the task.
         Other keyword arguments go to ``tf_keras.Model.compile`` (e.g. ``steps_per_execution``).
         """
         if on_bad_batch not in BAD_BATCH_POLICIES:
@@ -213,7 +251,14 @@ class TwoTowerModel(tf_keras.Model):
                 f"TwoTowerModel.compile: pass a loss instance (got {loss!r}); ce_retrieval.tasks.build_loss or "
                 "RetrievalTask builds one from a config with this model's λ"
             )
-        self.objective = RetrievalObjective(loss, self._scale, partition=loss_partition, tile_size=loss_tile_size)
+        self.objective = RetrievalObjective(
+            loss,
+            self._scale,
+            partition=loss_partition,
+            tile_size=loss_tile_size,
+            logit_bias=self._bias,
+            regularizers=regularizers,
+        )
 
         policy = tf_keras.mixed_precision.global_policy()
         self._loss_scaling = policy.name == "mixed_float16"
@@ -239,8 +284,9 @@ class TwoTowerModel(tf_keras.Model):
 
     @property
     def text_variables(self) -> list:
-        """Variables updated by the text optimizer: the text tower and the learned log logit scale."""
-        return list(self.text_core.trainable_variables) + self._scale.trainable_variables
+        """Variables updated by the text optimizer: the text tower, the learned log logit scale and logit bias."""
+        bias = self._bias.trainable_variables if self._bias is not None else []
+        return list(self.text_core.trainable_variables) + self._scale.trainable_variables + bias
 
     @property
     def image_variables(self) -> list:
@@ -376,6 +422,8 @@ class TwoTowerModel(tf_keras.Model):
             logs["skipped_steps"] = self._skipped_steps.read_value()
         if self.learn_logit_scale:
             logs["logit_scale"] = self.logit_scale
+        if self.learn_logit_bias:
+            logs["logit_bias"] = self.logit_bias
         return logs
 
 

@@ -5,8 +5,9 @@ differentiates, at any scale (dense, tiled, sharded, sharded + tiled; chosen by 
 Floors: ``losses`` (and ``utils``) below, ``modeling`` and ``keras`` above; this package imports neither of those.
 """
 
+from ce_retrieval.objective.logit_bias import LogitBias
 from ce_retrieval.objective.logit_scale import LogitScale
 from ce_retrieval.objective.objective import ObjectiveResult, RetrievalObjective
 from ce_retrieval.objective.paths import AUTO, LOSS_PARTITIONS
 
-__all__ = ["AUTO", "LOSS_PARTITIONS", "LogitScale", "ObjectiveResult", "RetrievalObjective"]
+__all__ = ["AUTO", "LOSS_PARTITIONS", "LogitBias", "LogitScale", "ObjectiveResult", "RetrievalObjective"]

@@ -65,8 +65,9 @@ def with_capability(name: str) -> str:
     return ", ".join(n for n in losses.available() if capability(losses.lookup(n), name)) or "none"
 
 
-def check_combination(loss, partition: str, tile_size) -> None:
-    """Refuses a path the loss does not have, naming the alternatives."""
+def check_combination(loss, partition: str, tile_size, regularizers=()) -> None:
+    """Refuses a path the loss (or a regulariser, ``(weight, loss)`` pairs) does not have, naming the
+    alternatives."""
     name = type(loss).__name__
     if partition == "sharded" and not capability(loss, "supports_sharded"):
         raise ValueError(
@@ -78,6 +79,19 @@ def check_combination(loss, partition: str, tile_size) -> None:
             f"loss_tile_size={tile_size} needs a loss with a tiled path; {name} has none (losses with one: "
             f"{with_capability('supports_tiled')}). Use loss_tile_size=0 (dense) or 'auto' (dense for {name})"
         )
+    for _, term in regularizers:
+        term_name = type(term).__name__
+        if partition == "sharded" and not capability(term, "supports_sharded"):
+            raise ValueError(
+                f"loss.regularizers: {term_name} is added on the whole [B, B] cosine matrix, but "
+                "loss_partition='sharded' computes each replica's share of the loss only and no sharded path of "
+                f"{term_name} exists; use loss_partition='replicated' (with loss_tile_size=0), or drop the regulariser"
+            )
+        if tile_size not in (0, AUTO) and not capability(term, "supports_tiled"):
+            raise ValueError(
+                f"loss.regularizers: {term_name} is added on the whole [B, B] cosine matrix and has no tiled path; "
+                f"use loss_tile_size=0 (dense) or 'auto' (dense with {term_name}), or drop the regulariser"
+            )
 
 
 __all__ = ["AUTO", "LOSS_PARTITIONS", "check_combination", "check_partition", "check_tile_size", "resolve_tile_size"]

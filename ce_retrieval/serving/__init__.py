@@ -11,7 +11,12 @@
     merge.py       exact merge of shards' top-k and threshold answers
     shard_server.py  one shard behind HTTP for a router (``create_shard_app``);  router.py  fan-out with deadlines
     pipeline.py    gallery embedding on Apache Beam into checksummed shards (``embed_gallery``)
+    wire.py        the router <-> shard server format (float32 queries, base64) and ``ShardCoverage``
+    http_app.py    what both HTTP apps share: request errors, body limits, JSON parsing, the reloading lifespan
     metrics.py     Prometheus text-format request metrics;  layout.py  folder layout of an export
+
+Imports point one way (tests/serving/test_import_graph.py): service -> router -> searcher -> sharded_index ->
+index -> gallery; shard_server -> sharded_index; both apps -> http_app; router, searcher, shard_server -> wire.
 
 The ``export``, ``index``, ``embed-gallery``, ``query``, ``serve`` and ``serve-shard`` commands are in
 :mod:`ce_retrieval.cli`.

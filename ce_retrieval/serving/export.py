@@ -8,7 +8,8 @@ signatures that compute the same thing:
 
 Tokenisation and image decoding/resizing run inside the graph (they are part of the towers), so clients send
 raw strings and bytes. Outputs are ``l2_normalize(float32(tower(x)))``: unit vectors whose dot product is the
-cosine similarity s(q, d) the model was trained on (the logit is ``logit_scale * s``). The input name
+cosine similarity s(q, d) the model was trained on (the logit is ``logit_scale * s + logit_bias``, the bias
+only for a loss that has one, e.g. SigLIP's: ``sigmoid(logit)`` is then its probability of relevance). The input name
 ``image_bytes`` ends in ``_bytes`` so that TF Serving's REST API accepts ``{"b64": ...}`` values for it.
 
 Every version carries ``assets.extra/ce_retrieval_export.json`` (TF Serving ignores it): a fingerprint of the
@@ -160,6 +161,40 @@ def _check_probes(saved_model_dir: str, input_name: str, inputs, expected: np.nd
         )
 
 
+#: the model's scalars that turn a cosine into a logit (``λ·s + b``); each is a manifest field
+SCORING_PARAMETERS = ("logit_scale", "logit_bias")
+
+
+def scoring_parameters(model) -> dict[str, float]:
+    """The scoring parameters of a two-tower ``model`` read from the model itself, e.g.
+    ``{"logit_scale": λ, "logit_bias": b}`` for ``l = λ·cos + b``: the learned values when the model learns them,
+    never the configured initial ones. A parameter the model does not have is left out (the manifest then
+    records None)."""
+    out = {}
+    for name in SCORING_PARAMETERS:
+        value = getattr(model, name, None)
+        if value is not None:
+            out[name] = float(np.asarray(value))
+    return out
+
+
+def export_model(
+    model, export_dir: str, version: int | None = None, metadata: dict | None = None, *, verify: bool = True
+) -> ExportPaths:
+    """Both towers of a trained two-tower ``model`` (``model.text_encoder`` / ``.image_encoder``) with its
+    :func:`scoring_parameters`, as :func:`export_encoders` writes them: what ``ce-retrieval export`` and
+    ``ce-retrieval demo`` publish, so the two commands write the same manifest for the same model."""
+    return export_encoders(
+        model.text_encoder,
+        model.image_encoder,
+        export_dir,
+        version,
+        metadata,
+        verify=verify,
+        **scoring_parameters(model),
+    )
+
+
 def export_encoders(
     text_encoder,
     image_encoder,
@@ -168,13 +203,15 @@ def export_encoders(
     metadata: dict | None = None,
     *,
     logit_scale: float | None = None,
+    logit_bias: float | None = None,
     verify: bool = True,
 ) -> ExportPaths:
     """Writes both towers as version ``version`` (default: next free) of ``export_dir``; returns their paths.
 
     ``text_encoder`` / ``image_encoder`` map a string batch [B] (captions / encoded image bytes) to [B, d]
     embeddings (``TwoTowerModel.text_encoder`` / ``.image_encoder``). ``metadata`` (JSON-able) is stored with
-    the export, e.g. the resolved experiment config. With ``verify`` each SavedModel is reloaded before it is
+    the export, e.g. the resolved experiment config. ``logit_scale`` λ and ``logit_bias`` b (None: none) are the
+    model's, so the manifest states its logit ``λ·s + b``. With ``verify`` each SavedModel is reloaded before it is
     published and must reproduce the Keras tower on the probe inputs to 1e-5.
     """
     import tensorflow as tf
@@ -210,8 +247,9 @@ def export_encoders(
         "tensorflow_version": tf.__version__,
         "embedding_dim": int(text_probe.shape[1]),
         "normalization": "l2",
-        "score": "cosine (dot product of the L2-normalised embeddings); logit = logit_scale * score",
+        "score": "cosine (dot product of the L2-normalised embeddings); logit = logit_scale * score + logit_bias",
         "logit_scale": None if logit_scale is None else float(logit_scale),
+        "logit_bias": None if logit_bias is None else float(logit_bias),
         "fingerprint": hashlib.sha256(f"{text_fp}:{image_fp}".encode()).hexdigest(),
         "text_fingerprint": text_fp,
         "image_fingerprint": image_fp,

@@ -118,6 +118,7 @@ def model_block(meta: dict) -> dict:
         "embedding_dim": meta["embedding_dim"],
         "normalization": meta.get("normalization", "l2"),
         "logit_scale": meta.get("logit_scale"),
+        "logit_bias": meta.get("logit_bias"),
     }
 
 

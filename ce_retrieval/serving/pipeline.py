@@ -5,7 +5,8 @@ What :func:`embed_gallery` does (``ce-retrieval embed-gallery`` is its command):
     source records ──> de-duplicate by image id ──> image_problem() check ──> BatchElements ──> image encoder
         ──> (shard(id), (id, embedding)) ──> GroupByKey per shard ──> two .npy files per shard ──> manifest.json
 
-Sources (:func:`resolve_source`): TFRecord file patterns in the format of :mod:`ce_retrieval.data.tfrecords`
+Sources (:func:`resolve_source` of :mod:`ce_retrieval.serving.gallery_source`, shared with ``ce-retrieval index``):
+TFRecord file patterns in the format of :mod:`ce_retrieval.data.tfrecords`
 (one record per caption, so an image id repeats and is de-duplicated), a folder of .jpg/.png files (integer file
 names become ids, as in ``ce-retrieval index``), or a split of a data config (Karpathy JSON / Conceptual-Captions
 TSV are listed with the scanners of :mod:`ce_retrieval.data.sources`, without decoding, and the image files are
@@ -43,9 +44,7 @@ rename and are rejected.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
-import glob
 import hashlib
 import io
 import json
@@ -64,9 +63,11 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 from apache_beam.runners.runner import PipelineState
 from apache_beam.utils.shared import Shared
 
-from ce_retrieval.data.report import DataError, image_problem
+from ce_retrieval.data.report import image_problem
 from ce_retrieval.data.schema import IMAGE, IMAGE_ID
 from ce_retrieval.serving import layout
+from ce_retrieval.serving.assignment import shard_of as shard_of_array
+from ce_retrieval.serving.gallery_source import CorruptImageError, GallerySource, resolve_source
 from ce_retrieval.utils import atomic
 
 __all__ = [
@@ -89,16 +90,10 @@ FORMAT = "ce_retrieval.embedded_gallery/1"
 MANIFEST = "manifest.json"
 ON_CORRUPT = ("skip", "fail")
 METRICS_NAMESPACE = "ce_retrieval.embed_gallery"
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 _CORRUPT = "corrupt"
 _CORRUPT_FILE = ".corrupt.json"  # written by the pipeline into the temporary folder; merged into the manifest
-_MASK64 = (1 << 64) - 1
 
 logger = logging.getLogger("ce_retrieval.serving")
-
-
-class CorruptImageError(DataError):
-    """A gallery image that does not decode, met with ``on_corrupt="fail"``; the message names record, id, reason."""
 
 
 class GalleryIntegrityError(ValueError):
@@ -107,24 +102,13 @@ class GalleryIntegrityError(ValueError):
 
 # ---------------------------------------------------------------------------------------------------- sharding
 def shard_of_ids(ids: np.ndarray, num_shards: int) -> np.ndarray:
-    """Shard of each id: the splitmix64 finaliser of the id's 64-bit two's-complement value, modulo ``num_shards``.
-
-    Deterministic across processes, machines and runs (no Python ``hash`` randomisation), and well mixed, so
-    consecutive ids spread evenly over the shards."""
-    if num_shards < 1:
-        raise ValueError(f"num_shards must be >= 1, got {num_shards}")
-    x = np.asarray(ids, dtype=np.int64).reshape(-1).view(np.uint64)
-    with np.errstate(over="ignore"):
-        x = x + np.uint64(0x9E3779B97F4A7C15)
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        x = x ^ (x >> np.uint64(31))
-    return (x % np.uint64(num_shards)).astype(np.int64)
+    """Shard of each id (int64 [n]): :func:`ce_retrieval.serving.assignment.shard_of`, the sharded index's rule."""
+    return shard_of_array(np.reshape(np.asarray(ids, dtype=np.int64), -1), num_shards)
 
 
 def shard_of(image_id: int, num_shards: int) -> int:
     """Shard of one id (see :func:`shard_of_ids`)."""
-    return int(shard_of_ids(np.array([int(image_id)], dtype=np.int64), num_shards)[0])
+    return int(shard_of_array([int(image_id)], num_shards)[0])
 
 
 def shard_file_names(shard: int, num_shards: int) -> dict[str, str]:
@@ -135,122 +119,6 @@ def shard_file_names(shard: int, num_shards: int) -> dict[str, str]:
 
 def _shard_info_file(shard: int, num_shards: int) -> str:
     return f".shard-{shard:05d}-of-{num_shards:05d}.json"
-
-
-# ----------------------------------------------------------------------------------------------------- sources
-@dataclasses.dataclass(frozen=True)
-class GallerySource:
-    """What to read. ``kind`` is ``tfrecord`` (``files``: TFRecord paths), ``files`` (``items``: (id, image
-    path) read on the workers) or ``memory`` (``items``: (id, where, bytes) made in the driver). ``info`` goes
-    into the manifest."""
-
-    kind: str
-    info: dict
-    files: tuple[str, ...] = ()
-    items: tuple = ()
-
-
-def _glob(pattern: str) -> list[str]:
-    if "://" in pattern:
-        import tensorflow as tf
-
-        return sorted(tf.io.gfile.glob(pattern))
-    return sorted(glob.glob(pattern))
-
-
-def _folder_source(folder: str) -> GallerySource:
-    names = sorted(f for f in os.listdir(folder) if f.lower().endswith(IMAGE_SUFFIXES))
-    if not names:
-        raise FileNotFoundError(f"no .jpg/.jpeg/.png files in {folder}")
-    stems = [os.path.splitext(f)[0] for f in names]
-    info: dict = {"kind": "folder", "path": os.path.abspath(folder), "files": len(names)}
-    if all(s.isdigit() for s in stems):
-        ids = [int(s) for s in stems]
-        if len(set(ids)) != len(ids):
-            seen: dict[int, str] = {}
-            clashes = [f"{seen[i]} and {n}" for i, n in zip(ids, names, strict=True) if seen.setdefault(i, n) != n]
-            raise ValueError(f"{folder}: several files name the same image id: {', '.join(clashes[:5])}")
-    else:
-        ids = list(range(len(names)))
-        info["names"] = names  # row i of the sorted listing has id i (as ``ce-retrieval index`` does)
-    paths = [os.path.join(os.path.abspath(folder), n) for n in names]
-    return GallerySource("files", info, items=tuple(zip(ids, paths, strict=True)))
-
-
-def _tfrecord_source(pattern: str, files: list[str], extra: dict | None = None) -> GallerySource:
-    info = {"kind": "tfrecord", "pattern": pattern, "files": len(files), **(extra or {})}
-    return GallerySource("tfrecord", info, files=tuple(files))
-
-
-def _data_config(data_config, export_meta: dict | None):
-    from ce_retrieval.configs import from_dict
-    from ce_retrieval.data.config import DataConfig
-
-    if data_config is None:
-        data_config = (((export_meta or {}).get("metadata") or {}).get("config") or {}).get("data")
-        if data_config is None:
-            raise ValueError(
-                "a split name needs a data config, and this export carries none: pass data_config, an image folder "
-                "or a TFRecord pattern"
-            )
-    return from_dict(DataConfig, data_config, "config.data") if isinstance(data_config, dict) else data_config
-
-
-def _split_source(split: str, cfg, on_corrupt: str) -> GallerySource:
-    info = {"kind": "split", "split": split, "data_source": cfg.name}
-    if cfg.name == "tfrecord":
-        pattern = cfg.tfrecord_pattern.get(split)
-        files = _glob(pattern)
-        if not files:
-            raise FileNotFoundError(f"split {split!r}: no TFRecord files match {pattern!r}")
-        return _tfrecord_source(pattern, files, info)
-    if cfg.name == "synthetic":
-        from ce_retrieval.data.synthetic import split_from_config
-
-        data = split_from_config(cfg, split)
-        items = tuple(
-            (int(i), f"synthetic {split} image {i}", bytes(b)) for i, b in zip(data.image_ids, data.images, strict=True)
-        )
-        return GallerySource("memory", {**info, "images": len(items)}, items=items)
-    from ce_retrieval.data import sources
-
-    # List (id, path) only: no decoding in the driver (the pipeline checks each image on the workers). A missing
-    # file is still found by the scanner (a cheap stat) and skipped or raised per on_corrupt.
-    listing_cfg = dataclasses.replace(cfg, validate_images=False, skip_corrupt=on_corrupt == "skip")
-    scanned = sources.scan(listing_cfg, split)
-    report = scanned.report
-    info.update(
-        images=len(scanned.image_paths),
-        scan={
-            "source": report.source,
-            "rows": report.rows,
-            "bad_rows": report.bad_rows,
-            "missing_images": report.missing_images,
-            "problems": list(report.problems),
-        },
-    )
-    items = tuple((int(i), p) for i, p in zip(scanned.image_ids, scanned.image_paths, strict=True))
-    return GallerySource("files", info, items=items)
-
-
-def resolve_source(
-    source: str, *, data_config=None, export_meta: dict | None = None, on_corrupt: str = "skip"
-) -> GallerySource:
-    """Interprets ``source`` as ``ce-retrieval index --images`` does: a folder of images, else a TFRecord file
-    pattern that matches files, else a split name (``train``/``val``/``test``) of ``data_config`` (a
-    ``DataConfig`` or its dict; by default the data config stored in the export's metadata)."""
-    from ce_retrieval.data.config import SPLITS
-
-    if os.path.isdir(source):
-        return _folder_source(source)
-    files = _glob(source)
-    if files:
-        return _tfrecord_source(source, files)
-    if source in SPLITS:
-        return _split_source(source, _data_config(data_config, export_meta), on_corrupt)
-    raise FileNotFoundError(
-        f"gallery {source!r} is not a folder, matches no (TFRecord) file, and is not a split name {SPLITS}"
-    )
 
 
 # ------------------------------------------------------------------------------------------------- transforms

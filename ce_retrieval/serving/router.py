@@ -28,53 +28,32 @@ newest two; its requests then get 409s (reported as missing shards) until every 
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import json
 import logging
 import os
 import threading
 import time
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ce_retrieval.serving import layout
+from ce_retrieval.serving.gallery import SHARDED_FORMAT, IndexMismatchError, check_compatible
+from ce_retrieval.serving.merge import merge_threshold, merge_topk
+from ce_retrieval.serving.searcher import Searcher
+from ce_retrieval.serving.wire import SEARCH_PATH, ShardCoverage, ShardsUnavailableError, encode_queries
 
-if TYPE_CHECKING:
-    from ce_retrieval.serving.searcher import Searcher
+__all__ = [  # ShardCoverage and ShardsUnavailableError live in wire.py; importing them from here keeps working
+    "RemoteShards",
+    "ShardClient",
+    "ShardCoverage",
+    "ShardFailure",
+    "ShardRouter",
+    "ShardsUnavailableError",
+    "remote_searcher",
+]
 
 log = logging.getLogger("ce_retrieval.serving.router")
 JSON_HEADERS = {"content-type": "application/json"}
-
-
-@dataclasses.dataclass(frozen=True)
-class ShardCoverage:
-    """Which of the ``total`` shards answered a request (``answered``) and why the others did not (``missing``)."""
-
-    total: int
-    answered: list[int]
-    missing: dict[int, str]
-
-    @property
-    def partial(self) -> bool:
-        return bool(self.missing)
-
-    def to_json(self) -> dict:
-        """``{"answered": [...], "missing": {"<shard>": reason}, "total": S}`` (JSON object keys are strings)."""
-        return {
-            "answered": sorted(self.answered),
-            "missing": {str(i): r for i, r in sorted(self.missing.items())},
-            "total": self.total,
-        }
-
-
-class ShardsUnavailableError(RuntimeError):
-    """No shard answered (or, from the strict ``topk`` / ``threshold``, not every shard); ``coverage`` says why."""
-
-    def __init__(self, coverage: ShardCoverage, what: str = "no shard answered"):
-        reasons = "; ".join(f"shard {i}: {r}" for i, r in sorted(coverage.missing.items()))
-        super().__init__(f"{what} ({len(coverage.answered)} of {coverage.total} answered; {reasons})")
-        self.coverage = coverage
 
 
 class ShardFailure(Exception):
@@ -160,7 +139,7 @@ class ShardClient:
         except ValueError:
             raise ShardFailure("malformed answer: not JSON") from None
 
-    def search(self, payload: dict, path: str = "/shard/search") -> tuple[list[dict | None], ShardCoverage]:
+    def search(self, payload: dict, path: str = SEARCH_PATH) -> tuple[list[dict | None], ShardCoverage]:
         """Per shard its JSON answer or None, and the coverage."""
         body = json.dumps(payload).encode("utf-8")
         deadline = time.monotonic() + self.timeout_s
@@ -230,8 +209,6 @@ class RemoteShards:
     ``manifest``) plus ``search_topk`` / ``search_threshold``, which also return the :class:`ShardCoverage`."""
 
     def __init__(self, client: ShardClient, version: int, manifest: dict):
-        from ce_retrieval.serving.gallery import SHARDED_FORMAT, IndexMismatchError
-
         if manifest.get("format") != SHARDED_FORMAT:
             raise IndexMismatchError(
                 f"index version {version} is not a sharded index (format {manifest.get('format')!r}); "
@@ -254,8 +231,6 @@ class RemoteShards:
         return int(self.manifest["model"]["embedding_dim"])
 
     def _fan_out(self, queries, mode: dict) -> tuple[np.ndarray, list[list[dict] | None], ShardCoverage]:
-        from ce_retrieval.serving.shard_server import encode_queries
-
         q = np.ascontiguousarray(queries, dtype=np.float32)
         if q.ndim != 2 or q.shape[1] != self.dim:
             raise ValueError(f"queries must be a [B, {self.dim}] array, got shape {q.shape}")
@@ -277,8 +252,6 @@ class RemoteShards:
 
     def search_topk(self, queries, k: int) -> tuple[np.ndarray, np.ndarray, ShardCoverage]:
         """Top-``k`` ids [B, k'] and scores [B, k'] over the shards that answered, and the coverage."""
-        from ce_retrieval.serving.merge import merge_topk
-
         q, results, coverage = self._fan_out(queries, {"k": int(k)})
         rows = [results[s] for s in coverage.answered]
         ids = [np.asarray([r["ids"] for r in shard], np.int64).reshape(len(q), -1) for shard in rows]
@@ -291,8 +264,6 @@ class RemoteShards:
     ) -> tuple[list[np.ndarray], list[np.ndarray], list[bool], ShardCoverage]:
         """Per query every hit with score >= ``threshold`` over the shards that answered (the best ``limit`` when
         given, ``truncated`` when more exist), and the coverage."""
-        from ce_retrieval.serving.merge import merge_threshold
-
         mode = {"threshold": float(threshold)}
         if limit is not None:
             mode["limit"] = int(limit)
@@ -388,9 +359,7 @@ class ShardRouter:
 
     def load(self, export_dir: str, version: int) -> Searcher:
         """The :class:`Searcher` of ``version``: local text encoder, remote shards."""
-        from ce_retrieval.serving.searcher import Searcher
-
-        return Searcher.from_router(export_dir, version, self.client)
+        return remote_searcher(export_dir, version, self.client)
 
     def health_json(self) -> list[dict]:
         """Per shard, from the last poll: number, URL, loaded versions and sizes, error."""
@@ -410,3 +379,17 @@ class ShardRouter:
 
     def close(self) -> None:
         self.client.close()
+
+
+def remote_searcher(export_dir: str, version: int, client: ShardClient, *, verify: bool = True) -> Searcher:
+    """The local text encoder of ``version`` with the sharded index served by remote shard servers.
+
+    ``client`` is a :class:`ShardClient` (URL i serving shard i); only the sharded index's manifest is read here,
+    to check it against the model and the number of shard URLs."""
+
+    def open_index(index_dir: str, meta: dict) -> RemoteShards:
+        manifest = layout.read_json(os.path.join(index_dir, layout.INDEX_MANIFEST))
+        check_compatible(manifest, meta, index_dir)
+        return RemoteShards(client, version, manifest)
+
+    return Searcher.with_index(export_dir, version, open_index, verify=verify)

@@ -14,9 +14,9 @@ its score clears (``precision_level``), so a client can read a score as "at leas
 were relevant on validation data".
 
 Sharded galleries: ``load`` serves a sharded ``index/<v>`` in-process (``sharded_index.load_index`` picks the
-index type from the manifest); ``from_router`` pairs the local text encoder with remote shard servers
-(:mod:`ce_retrieval.serving.router`). Either way every result then carries its shard coverage
-(:class:`~ce_retrieval.serving.router.ShardCoverage`: which shards answered, which did not and why), and
+index type from the manifest); ``router.remote_searcher`` pairs the local text encoder with remote shard servers
+(through ``with_index``; this module does not import the router). Either way every result then carries its shard
+coverage (:class:`~ce_retrieval.serving.wire.ShardCoverage`: which shards answered, which did not and why), and
 ``to_json`` reports it; results of an unsharded index carry none and their JSON is unchanged.
 """
 
@@ -28,8 +28,10 @@ import os
 import numpy as np
 
 from ce_retrieval.serving import layout
-from ce_retrieval.serving.gallery import IndexMismatchError, check_compatible
-from ce_retrieval.serving.router import ShardCoverage
+from ce_retrieval.serving.export import TEXT_INPUT, load_signature
+from ce_retrieval.serving.gallery import IndexMismatchError
+from ce_retrieval.serving.sharded_index import load_index
+from ce_retrieval.serving.wire import ShardCoverage
 
 PROBE_ATOL = 1e-4
 
@@ -96,29 +98,21 @@ class Searcher:
     @classmethod
     def load(cls, export_dir: str, version: int | None = None, *, verify: bool = True) -> Searcher:
         """The text encoder and the index (single or sharded, in-process) of ``version`` (default: newest)."""
-        from ce_retrieval.serving.sharded_index import load_index
 
-        export_dir = os.path.abspath(export_dir)
-        version = _servable_version(export_dir, version)
-        meta = layout.export_metadata(export_dir, layout.TEXT_ENCODER, version)
-        index = load_index(layout.version_dir(export_dir, layout.INDEX, version), expected_model=meta, mmap=True)
-        return cls(export_dir, version, _load_text_encoder(export_dir, version, meta, verify), meta, index)
+        def open_index(index_dir: str, meta: dict):
+            return load_index(index_dir, expected_model=meta, mmap=True)
+
+        return cls.with_index(export_dir, version, open_index, verify=verify)
 
     @classmethod
-    def from_router(cls, export_dir: str, version: int, client, *, verify: bool = True) -> Searcher:
-        """The local text encoder of ``version`` with the sharded index served by remote shard servers.
-
-        ``client`` is a :class:`~ce_retrieval.serving.router.ShardClient` (URL i serving shard i); only the
-        sharded index's manifest is read here, to check it against the model and the number of shard URLs."""
-        from ce_retrieval.serving.router import RemoteShards
-
+    def with_index(cls, export_dir: str, version: int | None, open_index, *, verify: bool = True) -> Searcher:
+        """The text encoder of ``version`` (default: newest servable) with the index ``open_index(index_dir,
+        export_metadata)`` returns: a GalleryIndex or ShardedIndex (``load``), or the router's remote shards
+        (:func:`ce_retrieval.serving.router.remote_searcher`), which must check the index against the model."""
         export_dir = os.path.abspath(export_dir)
         version = _servable_version(export_dir, version)
         meta = layout.export_metadata(export_dir, layout.TEXT_ENCODER, version)
-        index_dir = layout.version_dir(export_dir, layout.INDEX, version)
-        manifest = layout.read_json(os.path.join(index_dir, layout.INDEX_MANIFEST))
-        check_compatible(manifest, meta, index_dir)
-        index = RemoteShards(client, version, manifest)
+        index = open_index(layout.version_dir(export_dir, layout.INDEX, version), meta)
         return cls(export_dir, version, _load_text_encoder(export_dir, version, meta, verify), meta, index)
 
     @property
@@ -130,11 +124,13 @@ class Searcher:
     def logit_scale(self) -> float | None:
         return self.metadata.get("logit_scale")
 
+    @property
+    def logit_bias(self) -> float | None:
+        return self.metadata.get("logit_bias")
+
     def embed(self, texts, batch_size: int = 256) -> np.ndarray:
         """float32 [B, d] unit-norm caption embeddings from the exported text encoder."""
         import tensorflow as tf
-
-        from ce_retrieval.serving.export import TEXT_INPUT
 
         texts = _validate_texts(texts)
         out = [
@@ -222,8 +218,6 @@ def _servable_version(export_dir: str, version: int | None) -> int:
 
 def _load_text_encoder(export_dir: str, version: int, meta: dict, verify: bool):
     """The text encoder's serving function; with ``verify``, it must reproduce the probe embeddings of the export."""
-    from ce_retrieval.serving.export import TEXT_INPUT, load_signature
-
     _, fn = load_signature(layout.version_dir(export_dir, layout.TEXT_ENCODER, version))
     if verify:
         import tensorflow as tf

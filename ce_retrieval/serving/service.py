@@ -24,33 +24,36 @@ requests already running keep the searcher they started with, new ones get the n
 """
 
 import asyncio
-import contextlib
-import json
 import logging
 import math
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from ce_retrieval.serving import layout
+from ce_retrieval.serving.http_app import (
+    RequestError,
+    check_media_type,
+    error_response,
+    install_error_shape,
+    parse_object,
+    read_body,
+    reloading_lifespan,
+    serve_in_thread,
+)
 from ce_retrieval.serving.metrics import Metrics
+from ce_retrieval.serving.router import ShardRouter
+from ce_retrieval.serving.searcher import Searcher
+from ce_retrieval.serving.wire import ShardsUnavailableError
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
-    from fastapi.responses import JSONResponse
 
 log = logging.getLogger("ce_retrieval.serving")
+# RequestError and serve_in_thread live in http_app.py (shared with the shard server); importable from here too
+__all__ = ["RequestError", "SearcherHolder", "create_app", "serve_in_thread"]
 SEARCH_FIELDS = {"texts", "k", "threshold", "precision", "limit"}
-
-
-class RequestError(Exception):
-    """A request refused with an HTTP ``status`` and a ``reason``; ``extra`` fields join the error body."""
-
-    def __init__(self, status: int, reason: str, **extra):
-        super().__init__(reason)
-        self.status, self.reason, self.extra = status, reason, extra
 
 
 class SearcherHolder:
@@ -60,8 +63,6 @@ class SearcherHolder:
     router passes the versions that every shard server has loaded)."""
 
     def __init__(self, export_dir: str, metrics: Metrics, loader=None, candidates=None):
-        from ce_retrieval.serving.searcher import Searcher
-
         self.export_dir = os.path.abspath(export_dir)
         self.metrics, self._loader = metrics, loader or Searcher.load
         self._candidates = candidates or layout.servable_versions
@@ -92,79 +93,6 @@ class SearcherHolder:
             self.metrics.set("ce_gallery_size", len(new.index))
             log.info("serving version %s (%d gallery items)", version, len(new.index))
             return True
-
-
-def _is_json_media_type(media_type: str) -> bool:
-    """``application/json`` or a ``+json`` structured type; a request without a Content-Type is read as JSON."""
-    return media_type == "application/json" or (media_type.startswith("application/") and media_type.endswith("+json"))
-
-
-def check_media_type(request) -> None:
-    """415 unless a declared Content-Type is JSON."""
-    media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if media_type and not _is_json_media_type(media_type):
-        raise RequestError(415, f"Content-Type {media_type!r} is not supported; send application/json")
-
-
-async def read_body(request, max_body_bytes: int) -> bytes:
-    """The request body, read in chunks; 413 as soon as it (or its declared length) exceeds ``max_body_bytes``."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
-        raise RequestError(413, f"request body of {declared} bytes exceeds the limit of {max_body_bytes}")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_body_bytes:
-            raise RequestError(413, f"request body exceeds the limit of {max_body_bytes} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def parse_json(body: bytes) -> object:
-    """Decodes a UTF-8 JSON body; 400 with the reason otherwise (never a 500, whatever the bytes)."""
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise RequestError(400, f"request body is not valid UTF-8 (byte {exc.start})") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise RequestError(400, f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
-    except RecursionError:  # json's C scanner recurses per nesting level: [[[[...]]]] must not become a 500
-        raise RequestError(400, "malformed JSON: nested too deeply") from None
-    except ValueError as exc:  # e.g. an integer literal past Python's int conversion limit (4300 digits)
-        raise RequestError(400, f"malformed JSON: {str(exc).split(';')[0]}") from None
-
-
-def error_response(status: int, reason: str, **extra) -> "JSONResponse":
-    """The service's error shape: ``{"error": reason, "status": status, ...extra}``."""
-    from fastapi.responses import JSONResponse
-
-    return JSONResponse({"error": reason, "status": status, **extra}, status_code=status)
-
-
-def install_error_shape(app) -> None:
-    """FastAPI's own 404/405/... answers get the service's error shape, with the method and path as context."""
-    from fastapi import Request
-    from fastapi.responses import JSONResponse
-    from starlette.exceptions import HTTPException as StarletteHTTPException
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException):
-        reason = f"{exc.detail}: {request.method} {request.url.path}"
-        return JSONResponse({"error": reason, "status": exc.status_code}, exc.status_code, headers=exc.headers)
-
-
-def parse_object(body: bytes, fields: set[str]) -> dict:
-    """The body as a JSON object holding only ``fields`` (the service's and the shard server's request shape);
-    ``RequestError`` 400 for malformed JSON, 422 for another shape or an unknown field."""
-    req = parse_json(body)
-    if not isinstance(req, dict):
-        raise RequestError(422, "the body must be a JSON object")
-    unknown = sorted(set(req) - fields)
-    if unknown:
-        raise RequestError(422, f"unknown field(s): {', '.join(unknown)}; allowed: {', '.join(sorted(fields))}")
-    return req
 
 
 def _parse_search(body: bytes, searcher, limits: dict) -> dict:
@@ -222,34 +150,6 @@ def _parse_search(body: bytes, searcher, limits: dict) -> dict:
     return out
 
 
-def reloading_lifespan(reload, interval_s: float, thread_name: str, on_stop=None) -> Callable:
-    """A FastAPI lifespan shared by the service and the shard server: ``reload()`` once at start-up, then every
-    ``interval_s`` seconds in a daemon thread (0: never) until shutdown, then ``on_stop()``. A failing poll is
-    ignored here: the holder records and logs it, and keeps serving what it has."""
-    stop = threading.Event()
-
-    def watch():
-        while not stop.wait(interval_s):
-            with contextlib.suppress(Exception):
-                reload()
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app):
-        from starlette.concurrency import run_in_threadpool
-
-        await run_in_threadpool(reload)
-        if interval_s > 0:
-            threading.Thread(target=watch, name=thread_name, daemon=True).start()
-        try:
-            yield
-        finally:
-            stop.set()
-            if on_stop is not None:
-                on_stop()
-
-    return lifespan
-
-
 def create_app(
     export_dir: str,
     *,
@@ -271,20 +171,12 @@ def create_app(
     With ``shard_urls`` (shard server base URLs, URL i serving shard i) it is a router: the text encoder and the
     sharded index's manifest come from ``export_dir``, the searches go to the shard servers, each under a
     deadline of ``shard_timeout_s`` (which must be shorter than the request deadline ``timeout_s``)."""
-    from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse, PlainTextResponse
-    from starlette.concurrency import run_in_threadpool
+    from fastapi import FastAPI
 
     metrics = Metrics()
     router, candidates = None, None
     if shard_urls:
-        from ce_retrieval.serving.router import ShardRouter
-
-        if not 0 < shard_timeout_s < timeout_s:
-            raise ValueError(
-                f"shard_timeout_s ({shard_timeout_s:g} s) must be positive and shorter than timeout_s ({timeout_s:g} s)"
-            )
-        router = ShardRouter(export_dir, shard_urls, timeout_s=shard_timeout_s, max_concurrency=max_concurrency)
+        router = _shard_router(export_dir, shard_urls, shard_timeout_s, timeout_s, max_concurrency)
         loader, candidates = loader or router.load, router.ready_versions
         metrics.inc("ce_partial_responses_total", 0)
     holder = SearcherHolder(export_dir, metrics, loader, candidates)
@@ -301,8 +193,29 @@ def create_app(
 
     app = FastAPI(title="ce_retrieval", version=__import__("ce_retrieval").__version__, lifespan=lifespan)
     app.state.holder, app.state.metrics, app.state.router = holder, metrics, router
-    gate = asyncio.Semaphore(max_concurrency)
     install_error_shape(app)
+    _observe_requests(app, metrics)
+    _add_search_route(
+        app, holder, limits, max_body_bytes=max_body_bytes, timeout_s=timeout_s, gate_size=max_concurrency
+    )
+    _add_status_routes(app, holder, router)
+    return app
+
+
+def _shard_router(
+    export_dir: str, shard_urls: list[str], shard_timeout_s: float, timeout_s: float, max_concurrency: int
+) -> ShardRouter:
+    """The router over ``shard_urls``; its per-shard deadline must fit inside the request deadline."""
+    if not 0 < shard_timeout_s < timeout_s:
+        raise ValueError(
+            f"shard_timeout_s ({shard_timeout_s:g} s) must be positive and shorter than timeout_s ({timeout_s:g} s)"
+        )
+    return ShardRouter(export_dir, shard_urls, timeout_s=shard_timeout_s, max_concurrency=max_concurrency)
+
+
+def _observe_requests(app, metrics: Metrics) -> None:
+    """Middleware: in-flight gauge, and per request its path (known ones by name), status and latency."""
+    from fastapi import Request
 
     @app.middleware("http")
     async def observe(request: Request, call_next):
@@ -316,10 +229,20 @@ def create_app(
         metrics.observe(path, response.status_code, time.perf_counter() - start)
         return response
 
+
+def _add_search_route(
+    app, holder: SearcherHolder, limits: dict, *, max_body_bytes: int, timeout_s: float, gate_size: int
+) -> None:
+    """``POST /search``: validate, run on the pinned searcher in a worker thread under ``timeout_s`` with at most
+    ``gate_size`` searches at once, answer with :func:`_search_payload`."""
+    from fastapi import Request
+    from fastapi.responses import JSONResponse
+    from starlette.concurrency import run_in_threadpool
+
+    metrics, gate = holder.metrics, asyncio.Semaphore(gate_size)
+
     @app.post("/search")
     async def search(request: Request):
-        from ce_retrieval.serving.router import ShardsUnavailableError
-
         searcher = holder.searcher  # pinned for this request: a concurrent reload does not affect it
         try:
             body = await read_body(request, max_body_bytes)
@@ -350,89 +273,78 @@ def create_app(
         except ShardsUnavailableError as exc:  # not one shard answered: nothing to return, not even partially
             metrics.inc("ce_shard_unavailable_total")
             return error_response(503, str(exc), shards=exc.coverage.to_json())
-        payload = {
-            "version": searcher.version,
-            "took_ms": round(1000 * (time.perf_counter() - start), 3),
-            "results": [dict(text=t, **r.to_json(coverage=False)) for t, r in zip(req["texts"], results, strict=True)],
-        }
-        coverage = results[0].coverage if results else None  # one fan-out per request: the same for every text
-        if coverage is not None:
-            payload["partial"] = coverage.partial
-            payload["shards"] = coverage.to_json()
-            if coverage.partial:
-                metrics.inc("ce_partial_responses_total")
-        if req["k"] is not None:
-            payload["k"] = req["k"]
-        else:
-            payload["threshold"] = (
-                req["threshold"] if req["precision"] is None else searcher.threshold_for_precision(req["precision"])
-            )
-            if req["precision"] is not None:
-                payload["precision"] = req["precision"]
-        return JSONResponse(payload)
+        took_ms = round(1000 * (time.perf_counter() - start), 3)
+        return JSONResponse(_search_payload(req, searcher, results, took_ms, metrics))
+
+
+def _search_payload(req: dict, searcher, results: list, took_ms: float, metrics: Metrics) -> dict:
+    """The ``/search`` answer: hits per text, the mode (k, or the threshold and the precision it came from) and,
+    for a sharded index, which shards answered (``partial`` counted in the metrics)."""
+    payload = {
+        "version": searcher.version,
+        "took_ms": took_ms,
+        "results": [dict(text=t, **r.to_json(coverage=False)) for t, r in zip(req["texts"], results, strict=True)],
+    }
+    coverage = results[0].coverage if results else None  # one fan-out per request: the same for every text
+    if coverage is not None:
+        payload["partial"] = coverage.partial
+        payload["shards"] = coverage.to_json()
+        if coverage.partial:
+            metrics.inc("ce_partial_responses_total")
+    if req["k"] is not None:
+        payload["k"] = req["k"]
+    else:
+        payload["threshold"] = (
+            req["threshold"] if req["precision"] is None else searcher.threshold_for_precision(req["precision"])
+        )
+        if req["precision"] is not None:
+            payload["precision"] = req["precision"]
+    return payload
+
+
+def _health_body(holder: SearcherHolder, router: ShardRouter | None) -> tuple[dict, int]:
+    """``/healthz``: the served version and its index (200), or ``loading`` and the last error (503); a router adds
+    its shard servers' state."""
+    s = holder.searcher
+    shards = None if router is None else router.health_json()
+    if s is None:
+        body = {"status": "loading", "error": holder.last_error}
+        if shards is not None:
+            body["shards"] = shards
+        return body, 503
+    body = {
+        "status": "ok",
+        "version": s.version,
+        "gallery_size": len(s.index),
+        "index": s.index.manifest.get("kind") or "sharded",
+        "embedding_dim": s.index.dim,
+        "calibrated_precisions": sorted(s.thresholds),
+        "last_error": holder.last_error,
+    }
+    num_shards = s.num_shards
+    if num_shards is not None:
+        body["num_shards"] = num_shards
+    if shards is not None:
+        body["mode"], body["shards"] = "router", shards
+    return body, 200
+
+
+def _add_status_routes(app, holder: SearcherHolder, router: ShardRouter | None) -> None:
+    """``GET /healthz``, ``GET /metrics`` (Prometheus text) and ``POST /admin/reload``."""
+    from fastapi.responses import JSONResponse, PlainTextResponse
+    from starlette.concurrency import run_in_threadpool
 
     @app.get("/healthz")
     async def healthz():
-        s = holder.searcher
-        shards = None if router is None else router.health_json()
-        if s is None:
-            body = {"status": "loading", "error": holder.last_error}
-            if shards is not None:
-                body["shards"] = shards
-            return JSONResponse(body, status_code=503)
-        body = {
-            "status": "ok",
-            "version": s.version,
-            "gallery_size": len(s.index),
-            "index": s.index.manifest.get("kind") or "sharded",
-            "embedding_dim": s.index.dim,
-            "calibrated_precisions": sorted(s.thresholds),
-            "last_error": holder.last_error,
-        }
-        num_shards = s.num_shards
-        if num_shards is not None:
-            body["num_shards"] = num_shards
-        if shards is not None:
-            body["mode"], body["shards"] = "router", shards
-        return body
+        body, status = _health_body(holder, router)
+        return body if status == 200 else JSONResponse(body, status_code=status)
 
     @app.get("/metrics")
     async def prometheus():
-        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(holder.metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.post("/admin/reload")
     async def reload():
         swapped = await run_in_threadpool(holder.reload)
         s = holder.searcher
         return {"reloaded": swapped, "version": None if s is None else s.version, "last_error": holder.last_error}
-
-    return app
-
-
-@contextlib.contextmanager
-def serve_in_thread(
-    app: "FastAPI", host: str = "127.0.0.1", port: int = 0, startup_timeout_s: float = 60.0
-) -> Iterator[str]:
-    """Runs ``app`` with uvicorn in a background thread; yields the base URL; stops the server on exit."""
-    import socket
-
-    import uvicorn
-
-    if port == 0:
-        with socket.socket() as s:
-            s.bind((host, 0))
-            port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, name="ce-retrieval-uvicorn", daemon=True)
-    thread.start()
-    deadline = time.time() + startup_timeout_s
-    while not server.started:
-        if not thread.is_alive() or time.time() > deadline:
-            server.should_exit = True
-            raise RuntimeError("the retrieval service did not start")
-        time.sleep(0.02)
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)

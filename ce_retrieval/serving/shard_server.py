@@ -14,13 +14,8 @@ one reference assignment, so a search that started on a version finishes on it.
     GET  /healthz       shard number, number of shards, loaded versions with their sizes and ids checksums
     GET  /metrics       Prometheus text;   POST /admin/reload   look for new versions now
 
-Queries travel either as JSON lists of floats or, faster and about 4x smaller, as ``queries_b64``: base64 of
-the row-major little-endian float32 bytes of the [B, d] query matrix (what the router sends). Both are exact: a
-float32 widened to a float64 is the same number, Python writes a float64 with the shortest repr that reads back
-to the same float64, and narrowing that to float32 gives the original bits (checked in
-tests/serving/test_router.py over random, subnormal and extreme float32 values); list values that are not
-float32 numbers are rounded to float32. Scores come back the same way (JSON floats of float32 values), ids as
-JSON integers, so a router merges exactly what the shard computed.
+Queries travel as JSON lists of floats or as ``queries_b64`` (float32 bytes); both are exact, and the format
+is defined in :mod:`ce_retrieval.serving.wire` (``encode_queries`` is importable from here too).
 
 Errors use the service's shape ``{"error": reason, "status": s}``: 400 (not UTF-8 / malformed JSON), 409
 (that version is not loaded here; the body lists ``loaded``), 413 (body over ``max_body_bytes``), 415
@@ -29,8 +24,6 @@ loaded yet).
 """
 
 import asyncio
-import base64
-import binascii
 import logging
 import os
 import threading
@@ -40,63 +33,36 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ce_retrieval.serving import layout
+from ce_retrieval.serving.assignment import shard_name, shard_of
 from ce_retrieval.serving.gallery import SHARDED_FORMAT, GalleryIndex, IndexMismatchError, check_compatible
+from ce_retrieval.serving.http_app import (
+    RequestError,
+    check_media_type,
+    error_response,
+    install_error_shape,
+    parse_object,
+    read_body,
+    reloading_lifespan,
+)
 from ce_retrieval.serving.metrics import Metrics
+from ce_retrieval.serving.wire import (
+    SEARCH_FIELDS,
+    SEARCH_PATH,
+    decode_queries_b64,
+    decode_query_lists,
+    encode_queries,
+)
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
 log = logging.getLogger("ce_retrieval.serving.shard")
-SEARCH_PATH = "/shard/search"
-SEARCH_FIELDS = {"version", "queries", "queries_b64", "k", "threshold", "limit"}
-
-
-def encode_queries(queries: np.ndarray) -> str:
-    """``queries_b64``: base64 of the row-major little-endian float32 bytes of a [B, d] matrix."""
-    return base64.b64encode(np.ascontiguousarray(queries, dtype="<f4").tobytes()).decode("ascii")
-
-
-def _decode_b64(raw, dim: int) -> np.ndarray:
-    from ce_retrieval.serving.service import RequestError
-
-    if not isinstance(raw, str):
-        raise RequestError(422, "'queries_b64' must be a base64 string of float32 bytes")
-    try:
-        data = base64.b64decode(raw, validate=True)
-    except (binascii.Error, ValueError):
-        raise RequestError(422, "'queries_b64' is not valid base64") from None
-    row = 4 * dim
-    if not data or len(data) % row:
-        raise RequestError(
-            422, f"'queries_b64' holds {len(data)} bytes, not a positive multiple of {row} (float32 x dimension {dim})"
-        )
-    return np.frombuffer(data, dtype="<f4").reshape(-1, dim).astype(np.float32)
-
-
-def _decode_lists(rows, dim: int) -> np.ndarray:
-    from ce_retrieval.serving.service import RequestError
-
-    if not isinstance(rows, list) or not rows:
-        raise RequestError(422, "'queries' must be a non-empty list of lists of numbers")
-    for i, row in enumerate(rows):
-        if not isinstance(row, list) or len(row) != dim:
-            got = f"{len(row)} values" if isinstance(row, list) else type(row).__name__
-            raise RequestError(422, f"queries[{i}] must be a list of {dim} numbers (embedding dimension), got {got}")
-        if not all(type(x) is float or type(x) is int for x in row):  # bool and str are not numbers here
-            raise RequestError(422, f"queries[{i}] holds a value that is not a number")
-    try:
-        wide = np.asarray(rows, dtype=np.float64)
-    except OverflowError:
-        raise RequestError(422, "'queries' holds an integer too large for a float") from None
-    with np.errstate(over="ignore"):
-        return wide.astype(np.float32)
+__all__ = ["ShardHolder", "create_shard_app", "encode_queries", "load_shard", "parse_shard_search"]
 
 
 def parse_shard_search(body: bytes, indexes: dict, shard: int, limits: dict) -> dict:
     """Validates a ``/shard/search`` body against the loaded ``indexes`` (version -> GalleryIndex); returns
     ``{"version", "index", "queries", "k", "threshold", "limit"}`` or raises ``RequestError``."""
-    from ce_retrieval.serving.service import RequestError, parse_object
-
     req = parse_object(body, SEARCH_FIELDS)
     version = req.get("version")
     if isinstance(version, bool) or not isinstance(version, int):
@@ -108,9 +74,9 @@ def parse_shard_search(body: bytes, indexes: dict, shard: int, limits: dict) -> 
     if ("queries" in req) == ("queries_b64" in req):
         raise RequestError(422, "give exactly one of 'queries' (lists of floats) and 'queries_b64' (float32 bytes)")
     if "queries_b64" in req:
-        queries = _decode_b64(req["queries_b64"], index.dim)
+        queries = decode_queries_b64(req["queries_b64"], index.dim)
     else:
-        queries = _decode_lists(req["queries"], index.dim)
+        queries = decode_query_lists(req["queries"], index.dim)
     if len(queries) > limits["max_queries"]:
         raise RequestError(422, f"too many queries: {len(queries)} > {limits['max_queries']}")
     finite = np.all(np.isfinite(queries), axis=1)
@@ -147,8 +113,6 @@ def load_shard(export_dir: str, version: int, shard: int) -> tuple[GalleryIndex,
     Only that shard's folder is read. It must be bound to the exported model of that version (``GalleryIndex``'s
     checks) and agree with its entry in the sharded manifest (name, item count, ids checksum, every id assigned
     to this shard); otherwise ``IndexMismatchError``."""
-    from ce_retrieval.serving.sharded_index import shard_name, shard_of
-
     index_dir = layout.version_dir(export_dir, layout.INDEX, version)
     manifest = layout.read_json(os.path.join(index_dir, layout.INDEX_MANIFEST))
     if manifest.get("format") != SHARDED_FORMAT:
@@ -279,15 +243,6 @@ def create_shard_app(
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, PlainTextResponse
     from starlette.concurrency import run_in_threadpool
-
-    from ce_retrieval.serving.service import (
-        RequestError,
-        check_media_type,
-        error_response,
-        install_error_shape,
-        read_body,
-        reloading_lifespan,
-    )
 
     metrics = Metrics()
     holder = ShardHolder(export_dir, shard, metrics, keep_versions)

@@ -12,9 +12,9 @@ into S disjoint shards, each an ordinary index folder (``ce_retrieval.index/1``,
 
 Why each piece:
 
-* **Assignment** ``shard = splitmix64(uint64(id)) mod S`` depends on the gallery id only, so an id always lands
-  in the same shard (a rebuild, an incremental build or a router can compute it without a lookup table), and
-  splitmix64 spreads consecutive ids evenly. The id is read as its two's-complement uint64 (so -1 is 2^64 - 1).
+* **Assignment** ``shard = splitmix64(uint64(id)) mod S`` (:mod:`ce_retrieval.serving.assignment`, shared with the
+  Beam pipeline) depends on the gallery id only, so an id always lands in the same shard (a rebuild, an incremental
+  build or a router can compute it without a lookup table), and splitmix64 spreads consecutive ids evenly.
 * **Exact merge** (:mod:`ce_retrieval.serving.merge`): scores are absolute calibrated cosines, so the global top-k
   is the top-k of the shards' top-k lists and a threshold answer is the union of the shards' answers. Brute-force
   shards therefore give exactly the single-index answer; ScaNN shards give the merge of their own ANN answers.
@@ -43,6 +43,7 @@ import numpy as np
 from ce_retrieval.evaluation.ann import IndexParams
 from ce_retrieval.evaluation.search import exact_search
 from ce_retrieval.serving import layout
+from ce_retrieval.serving.assignment import SHARD_ASSIGNMENT, shard_name, shard_of, splitmix64
 from ce_retrieval.serving.gallery import (
     INDEX_FORMAT,
     SHARDED_FORMAT,
@@ -76,35 +77,11 @@ __all__ = [
     "splitmix64",
 ]
 
-SHARD_ASSIGNMENT = (
-    "shard = splitmix64(uint64(id)) mod num_shards; splitmix64(x): z = x + 0x9E3779B97F4A7C15; "
-    "z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9; z = (z ^ (z >> 27)) * 0x94D049BB133111EB; z ^ (z >> 31) "
-    "(all mod 2^64; a negative id is read as its two's complement)"
-)
 _INPUTS_DIR = ".inputs"  # shard inputs for the workers, inside the temporary version folder; removed before publish
 
 
 class ShardBuildError(RuntimeError):
     """Building one shard failed (the message names it); nothing was published."""
-
-
-def splitmix64(ids) -> np.ndarray:
-    """The splitmix64 finaliser of each id (uint64 [n]); ``splitmix64(0) == 0xE220A8397B1DCDAF``."""
-    z = np.ascontiguousarray(ids, dtype=np.int64).view(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
-
-
-def shard_of(ids, num_shards: int) -> np.ndarray:
-    """Shard index (int64 [n]) of each gallery id: ``splitmix64(uint64(id)) mod num_shards``."""
-    if int(num_shards) < 1:
-        raise ValueError(f"num_shards must be >= 1, got {num_shards}")
-    return (splitmix64(np.atleast_1d(ids)) % np.uint64(num_shards)).astype(np.int64)
-
-
-def shard_name(i: int, num_shards: int) -> str:
-    return f"shard-{int(i):05d}-of-{int(num_shards):05d}"
 
 
 # ------------------------------------------------------------------------------------------------------ build
@@ -226,26 +203,9 @@ def build_sharded_index(
     export_dir = os.path.abspath(export_dir)
     version, meta = resolve_version(export_dir, version)
     x, ids = check_gallery(embeddings, ids, meta["embedding_dim"], version)
-    n = len(x)
-    if isinstance(num_shards, bool) or not isinstance(num_shards, int | np.integer):
-        raise TypeError(f"num_shards must be an integer, got {num_shards!r}")
-    num_shards = int(num_shards)
-    if not 1 <= num_shards <= n:
-        raise ValueError(f"num_shards must be between 1 and the gallery size {n}, got {num_shards}")
-    assignment = shard_of(ids, num_shards)
-    counts = np.bincount(assignment, minlength=num_shards)
-    empty = [shard_name(i, num_shards) for i in np.flatnonzero(counts == 0)]
-    if empty:
-        raise ValueError(
-            f"{empty[0]} would be empty ({len(empty)} of {num_shards} shards get no id of the {n}-item gallery); "
-            "use fewer shards"
-        )
-    if workers is None:  # brute-force shards only store their arrays: not worth starting processes for
-        workers = min(num_shards, os.cpu_count() or 1) if counts.max() >= brute_force_below else 1
-    workers = int(workers)
-    if workers < 1:
-        raise ValueError(f"workers must be >= 1, got {workers}")
-    workers = min(workers, num_shards)
+    assignment, counts = _assign(ids, num_shards)
+    num_shards = len(counts)
+    workers = _worker_count(workers, num_shards, int(counts.max()) >= brute_force_below)
     thresholds = normalize_thresholds(thresholds)
     final = layout.version_dir(export_dir, layout.INDEX, version)
     if os.path.exists(final) and not overwrite:
@@ -254,34 +214,17 @@ def build_sharded_index(
     with atomic_directory(final, overwrite=overwrite) as tmp:  # published only if every shard and check succeeds
         inputs = os.path.join(tmp, _INPUTS_DIR)
         os.mkdir(inputs)
-        queries_file = None
-        if queries is not None:
-            queries_file = os.path.join(inputs, "queries.npy")
-            np.save(queries_file, np.asarray(queries, dtype=np.float32))
-        tasks = []
-        for i in range(num_shards):
-            name = shard_name(i, num_shards)
-            rows = np.flatnonzero(assignment == i)  # input order kept within a shard
-            np.save(os.path.join(inputs, f"{name}-x.npy"), x[rows])
-            np.save(os.path.join(inputs, f"{name}-ids.npy"), ids[rows])
-            tasks.append(
-                {
-                    "name": name,
-                    "folder": os.path.join(tmp, name),
-                    "x": os.path.join(inputs, f"{name}-x.npy"),
-                    "ids": os.path.join(inputs, f"{name}-ids.npy"),
-                    "queries": queries_file,
-                    "meta": meta,
-                    "version": version,
-                    "thresholds": thresholds,
-                    "target_recall": target_recall,
-                    "brute_force_below": brute_force_below,
-                    "params": params,
-                    "gallery_info": dict(gallery_info or {}, shard=name, num_shards=num_shards),
-                    "seed": seed,
-                    "blas_threads": None if workers == 1 else max(1, (os.cpu_count() or 1) // workers),
-                }
-            )
+        common = {
+            "meta": meta,
+            "version": version,
+            "thresholds": thresholds,
+            "target_recall": target_recall,
+            "brute_force_below": brute_force_below,
+            "params": params,
+            "seed": seed,
+            "blas_threads": None if workers == 1 else max(1, (os.cpu_count() or 1) // workers),
+        }
+        tasks = _write_shard_inputs(tmp, inputs, x, ids, assignment, num_shards, queries, gallery_info, common)
         built = _run_tasks(tasks, workers)
         shutil.rmtree(inputs)
         manifest = {
@@ -291,21 +234,10 @@ def build_sharded_index(
             "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "model": model_block(meta),
             "score": SCORE,
-            "num_items": n,
+            "num_items": len(x),
             "num_shards": num_shards,
             "shard_assignment": SHARD_ASSIGNMENT,
-            "shards": [
-                {
-                    "name": task["name"],
-                    "num_items": built[task["name"]]["num_items"],
-                    "ids_sha256": built[task["name"]]["ids"]["sha256"],
-                    "embeddings_sha256": built[task["name"]]["embeddings"]["sha256"],
-                    "kind": built[task["name"]]["kind"],
-                    "recall_at_10": built[task["name"]]["ann"]["recall_at_10"],
-                    "build_seconds": built[task["name"]]["build_seconds"],
-                }
-                for task in tasks
-            ],
+            "shards": [_shard_entry(task["name"], built[task["name"]]) for task in tasks],
             "brute_force_below": brute_force_below,
             "workers": workers,
             "threshold_search": {"method": "exact: union of the shards' exact threshold answers"},
@@ -322,6 +254,78 @@ def build_sharded_index(
         layout.write_json(os.path.join(tmp, layout.INDEX_MANIFEST), manifest)
         ShardedIndex.load(tmp, expected_model=meta, mmap=True).close()  # the folder must load before it is published
     return manifest
+
+
+def _assign(ids: np.ndarray, num_shards) -> tuple[np.ndarray, np.ndarray]:
+    """The shard of every id and the number of ids per shard; refuses a shard count that leaves a shard empty."""
+    n = len(ids)
+    if isinstance(num_shards, bool) or not isinstance(num_shards, int | np.integer):
+        raise TypeError(f"num_shards must be an integer, got {num_shards!r}")
+    num_shards = int(num_shards)
+    if not 1 <= num_shards <= n:
+        raise ValueError(f"num_shards must be between 1 and the gallery size {n}, got {num_shards}")
+    assignment = shard_of(ids, num_shards)
+    counts = np.bincount(assignment, minlength=num_shards)
+    empty = [shard_name(i, num_shards) for i in np.flatnonzero(counts == 0)]
+    if empty:
+        raise ValueError(
+            f"{empty[0]} would be empty ({len(empty)} of {num_shards} shards get no id of the {n}-item gallery); "
+            "use fewer shards"
+        )
+    return assignment, counts
+
+
+def _worker_count(workers: int | None, num_shards: int, any_scann_shard: bool) -> int:
+    """Build processes: as asked (at most one per shard), by default one per shard up to the CPU count, and 1
+    when every shard is brute force (they only store their arrays: not worth starting processes for)."""
+    if workers is None:
+        workers = min(num_shards, os.cpu_count() or 1) if any_scann_shard else 1
+    workers = int(workers)
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    return min(workers, num_shards)
+
+
+def _write_shard_inputs(
+    tmp: str, inputs: str, x, ids, assignment, num_shards: int, queries, gallery_info, common: dict
+) -> list[dict]:
+    """Saves each shard's rows (input order kept within a shard) and the queries as ``.npy`` files under
+    ``inputs`` for the workers; returns one :func:`_build_shard` task per shard."""
+    queries_file = None
+    if queries is not None:
+        queries_file = os.path.join(inputs, "queries.npy")
+        np.save(queries_file, np.asarray(queries, dtype=np.float32))
+    tasks = []
+    for i in range(num_shards):
+        name = shard_name(i, num_shards)
+        rows = np.flatnonzero(assignment == i)
+        np.save(os.path.join(inputs, f"{name}-x.npy"), x[rows])
+        np.save(os.path.join(inputs, f"{name}-ids.npy"), ids[rows])
+        tasks.append(
+            {
+                "name": name,
+                "folder": os.path.join(tmp, name),
+                "x": os.path.join(inputs, f"{name}-x.npy"),
+                "ids": os.path.join(inputs, f"{name}-ids.npy"),
+                "queries": queries_file,
+                "gallery_info": dict(gallery_info or {}, shard=name, num_shards=num_shards),
+                **common,
+            }
+        )
+    return tasks
+
+
+def _shard_entry(name: str, built: dict) -> dict:
+    """A shard's line in the top-level manifest, from the manifest its build wrote."""
+    return {
+        "name": name,
+        "num_items": built["num_items"],
+        "ids_sha256": built["ids"]["sha256"],
+        "embeddings_sha256": built["embeddings"]["sha256"],
+        "kind": built["kind"],
+        "recall_at_10": built["ann"]["recall_at_10"],
+        "build_seconds": built["build_seconds"],
+    }
 
 
 # ------------------------------------------------------------------------------------------------------- load

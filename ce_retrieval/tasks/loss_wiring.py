@@ -7,6 +7,16 @@ learned variable of the model). A loss that declares ``has_logit_scale`` receive
 without a logit scale simply has none. ``loss.kwargs`` holds every other hyper-parameter; a λ key there, or a key
 the loss does not take, is an error that names it and lists what the loss accepts.
 
+b, the logit bias of ``l = λ·S + b`` (SigLIP), has one home too: ``model.logit_bias``, given to a loss that
+declares ``has_logit_bias`` through ``logit_bias_kwargs(b)`` (``bias=b``); such a loss needs it set, and any other
+loss refuses it. With ``model.learn_logit_bias`` the retrieval objective adds the model's learned b after applying λ
+itself (learned or not), so the loss gets λ = 1 and b = 0.
+
+``loss.regularizers`` (:func:`build_regularizers`) are terms ``weight · R(relevance, cos)`` that the retrieval
+objective adds to the loss on the text × image cosine matrix, before λ and b: Threshold-Consistent Margin's
+margins are cosines, so it sees cosines whether λ is fixed, learned or absent (dense replicated
+path only). A regulariser is a registered loss without a logit scale, proxies or a Gram matrix.
+
 In the two-tower model the columns of S are the batch's images. Proxy losses (``needs_proxies``) read them as
 one centre per image (so SoftTriple's ``proxies_per_class`` is 1); losses that need a Gram matrix of one
 embedding set (``needs_gram``) are given the joint Gram matrix of ``[text; image]`` by the retrieval objective
@@ -36,13 +46,19 @@ def build_loss(loss_cfg: LossConfig, model_cfg: ModelConfig) -> RetrievalLoss:
 
     Args:
       loss_cfg: ``LossConfig`` (``name``: any registered loss, ``kwargs``: its hyper-parameters except λ).
-      model_cfg: ``ModelConfig`` (``logit_scale``, ``learn_logit_scale``).
+      model_cfg: ``ModelConfig`` (``logit_scale``, ``learn_logit_scale``, ``logit_bias``, ``learn_logit_bias``).
     """
     cls = losses.lookup(loss_cfg.name)
     kwargs = dict(loss_cfg.kwargs or {})
     accepted = loss_parameters(cls)
-    scale_keys = sorted(cls.logit_scale_kwargs(1.0))
-    for key in scale_keys:
+    scale_keys = sorted(cls.logit_scale_kwargs(1.0)) + sorted(cls.logit_bias_kwargs(0.0))
+    for key in sorted(cls.logit_bias_kwargs(0.0)):
+        if key in kwargs:
+            raise ValueError(
+                f"loss.kwargs.{key}: the logit bias b has one home, model.logit_bias, which gives {cls.__name__} its "
+                f"{key!r}; remove loss.kwargs.{key}"
+            )
+    for key in sorted(cls.logit_scale_kwargs(1.0)):
         if key in kwargs:
             raise ValueError(
                 f"loss.kwargs.{key}: the logit scale λ has one home, model.logit_scale "
@@ -52,6 +68,8 @@ def build_loss(loss_cfg: LossConfig, model_cfg: ModelConfig) -> RetrievalLoss:
     if unknown:
         takes = ", ".join(k for k in accepted if k not in scale_keys and k != "name") or "no hyper-parameters"
         raise ValueError(f"loss.kwargs: {cls.__name__} does not take {', '.join(unknown)}; it takes {takes}")
+    _check_logit_bias(cls, model_cfg)
+    applies_scale = model_cfg.learn_logit_scale or model_cfg.learn_logit_bias  # the model multiplies S by λ
     if model_cfg.learn_logit_scale and not cls.has_logit_scale:
         with_scale = ", ".join(n for n in losses.available() if losses.lookup(n).has_logit_scale)
         raise ValueError(
@@ -59,7 +77,9 @@ def build_loss(loss_cfg: LossConfig, model_cfg: ModelConfig) -> RetrievalLoss:
             f"{cls.__name__} has none (losses with one: {with_scale})"
         )
     if cls.has_logit_scale:
-        kwargs.update(cls.logit_scale_kwargs(1.0 if model_cfg.learn_logit_scale else model_cfg.logit_scale))
+        kwargs.update(cls.logit_scale_kwargs(1.0 if applies_scale else model_cfg.logit_scale))
+    if cls.has_logit_bias:
+        kwargs.update(cls.logit_bias_kwargs(0.0 if model_cfg.learn_logit_bias else model_cfg.logit_bias))
     if cls.needs_proxies and "proxies_per_class" in accepted:
         per_class = int(kwargs.setdefault("proxies_per_class", 1))
         if per_class != 1:
@@ -70,4 +90,44 @@ def build_loss(loss_cfg: LossConfig, model_cfg: ModelConfig) -> RetrievalLoss:
     return cls(**kwargs)
 
 
-__all__ = ["build_loss", "loss_parameters"]
+def build_regularizers(loss_cfg: LossConfig) -> list[tuple[float, RetrievalLoss]]:
+    """``[(weight, loss)]`` of ``loss_cfg.regularizers``, each a registered loss on cosines (module docstring)."""
+    out = []
+    for i, entry in enumerate(loss_cfg.regularizers or []):
+        where = f"loss.regularizers[{i}]"
+        cls = losses.lookup(entry.name)
+        if cls.has_logit_scale or cls.needs_proxies or cls.needs_gram:
+            need = "a logit scale" if cls.has_logit_scale else "proxies" if cls.needs_proxies else "a Gram matrix"
+            raise ValueError(
+                f"{where}: a regulariser is added on the text × image cosine matrix as is; {cls.__name__} has "
+                f"{need}. Use a loss without (e.g. ThresholdConsistentMargin)"
+            )
+        kwargs = dict(entry.kwargs or {})
+        accepted = [k for k in loss_parameters(cls) if k != "name"]
+        unknown = sorted(k for k in kwargs if k not in accepted)
+        if unknown:
+            raise ValueError(
+                f"{where}.kwargs: {cls.__name__} does not take {', '.join(unknown)}; it takes "
+                f"{', '.join(accepted) or 'no hyper-parameters'}"
+            )
+        out.append((float(entry.weight), cls(**kwargs)))
+    return out
+
+
+def _check_logit_bias(cls, model_cfg: ModelConfig) -> None:
+    """``model.logit_bias`` / ``learn_logit_bias`` only for a loss with a bias, which needs ``logit_bias`` set."""
+    with_bias = ", ".join(n for n in losses.available() if losses.lookup(n).has_logit_bias)
+    if not cls.has_logit_bias and (model_cfg.logit_bias is not None or model_cfg.learn_logit_bias):
+        raise ValueError(
+            f"model.logit_bias / model.learn_logit_bias add a bias b to the logits, which only a loss with a logit "
+            f"bias uses; {cls.__name__} has none (losses with one: {with_bias}). Set model.logit_bias: null"
+        )
+    if cls.has_logit_bias and model_cfg.logit_bias is None:
+        raise ValueError(
+            f"{cls.__name__} adds a bias b to its logits λ·S + b, whose one home is model.logit_bias (null here); "
+            "set it, e.g. SigLIP's recipe: model.logit_scale: 10, model.learn_logit_scale: true, "
+            "model.logit_bias: -10, model.learn_logit_bias: true (configs/synthetic_siglip.yaml)"
+        )
+
+
+__all__ = ["build_loss", "build_regularizers", "loss_parameters"]

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import tensorflow as tf
 
-from ce_retrieval.tasks.loss_wiring import build_loss
+from ce_retrieval.tasks.loss_wiring import build_loss, build_regularizers
 
 if TYPE_CHECKING:
     import tf_keras
@@ -67,6 +67,10 @@ class RetrievalTask:
         """The configured loss with λ from ``model.logit_scale`` (see :mod:`ce_retrieval.tasks.loss_wiring`)."""
         return build_loss(self.config.loss, self.config.model)
 
+    def build_regularizers(self) -> list[tuple[float, RetrievalLoss]]:
+        """``[(weight, loss)]`` of ``loss.regularizers``, added by the retrieval objective on the cosine matrix."""
+        return build_regularizers(self.config.loss)
+
     def build_model(self, vocab_path: str) -> TwoTowerModel:
         """The uncompiled two-tower model (towers, augmentation, λ)."""
         from ce_retrieval import modeling
@@ -85,6 +89,7 @@ class RetrievalTask:
         text_optimizer, image_optimizer = self.build_optimizers(total_steps)
         model.compile(
             loss=self.build_loss(),
+            regularizers=self.build_regularizers(),
             text_optimizer=text_optimizer,
             image_optimizer=image_optimizer,
             jit_compile=self.config.train.jit_compile,
@@ -130,6 +135,10 @@ class RetrievalTask:
             scale = f"λ {cfg.model.logit_scale:g}"
         else:
             scale = "no logit scale"
+        if cfg.model.logit_bias is not None:
+            scale += f", {'learned ' if cfg.model.learn_logit_bias else ''}b from {cfg.model.logit_bias:g}"
+        for weight, term in model.objective.regularizers:
+            scale += f"; + {weight:g}·{type(term).__name__} on cosines"
         replicas = strategy.num_replicas_in_sync
         objective = model.objective
         tile = objective.tile_for(cfg.train.batch_size)

@@ -30,3 +30,4 @@ def test_reliability_quick(tmp_path):
     assert train.data["steps"] == 8 and train.data["leftovers"] == 0, text
     assert bad.data["not_ok"] == 0 and bad.data["outcomes"] >= 2 * 50, text
     assert "| top-k (k = 10) | 32 | steady |" in text and "new version every 0.5 s" in text
+    assert "Answered in all (the sum of the column): " in text and " requests, 0 failed." in text

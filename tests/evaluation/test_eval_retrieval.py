@@ -132,15 +132,19 @@ def test_scann_searcher_plugs_in(rng):
     brute = ScannSearch(d, brute_force=True)
     idx, scores = brute(q, 10)
     ref_idx, ref_scores = exact_search(q, d, 10)
-    assert (idx == ref_idx).mean() > 0.99
-    np.testing.assert_allclose(scores, ref_scores, rtol=1e-4, atol=1e-4)
+    # Brute force finds exactly the exact top-10. Its float32 dot products are summed in another order, so two
+    # scores closer than float32 resolution may come out swapped (2 of 6,000 here, 8e-8 apart): order each row's
+    # hits by the float64 score with ties to the lower id, which makes the comparison exact and deterministic.
+    order, s64 = _brute_ranking(q, d)
+    by_score = np.argsort(-np.take_along_axis(s64, idx, axis=1), axis=1, kind="stable")
+    np.testing.assert_array_equal(np.take_along_axis(idx, by_score, axis=1), order[:, :10])
+    np.testing.assert_array_equal(ref_idx, order[:, :10])
+    np.testing.assert_allclose(scores, ref_scores, rtol=0, atol=3e-7)
     tree = ScannSearch(d, num_leaves=24, num_leaves_to_search=12)
     report = ann_recall_loss(q, d, ids, ids, tree, ks=(1, 10))
     assert report["neighbour_recall"][10] > 0.7
     assert abs(report["loss"][1]) < 0.1
-    assert recall_at_k(q, d, ids, ids, search_fn=brute)["t2i"] == pytest.approx(
-        recall_at_k(q, d, ids, ids)["t2i"], abs=0.01
-    )
+    assert recall_at_k(q, d, ids, ids, search_fn=brute)["t2i"] == recall_at_k(q, d, ids, ids)["t2i"]
 
 
 def test_one_scann_setup_for_evaluation_and_serving(rng):

@@ -509,14 +509,14 @@ def test_report_shows_calibration_columns_paired_lines_and_reliability(tmp_path,
         return re.split(r"\s{2,}", next(line for line in out.splitlines() if line.startswith(run)).strip())
 
     # @50% 50; @80% mean of 79/78/77; @90% 90; cal.err 1/2/3 points; relative spread .6/.7/.8 (a ratio, not %)
-    assert cells("CrossExampleSoftmax")[-5:] == [
+    assert cells("CrossExampleSoftmax")[-6:-1] == [
         "50.00 ± 0.00",
         "78.00 ± 1.00",
         "90.00 ± 0.00",
         "2.00 ± 1.00",
         "0.70 ± 0.10",
     ]
-    assert cells("SampledSoftmax")[-5:] == ["60.00 ± 0.00", "-", "70.00 ± 0.00", "10.00 ± 0.00", "1.50 ± 0.00"]
+    assert cells("SampledSoftmax")[-6:-1] == ["60.00 ± 0.00", "-", "70.00 ± 0.00", "10.00 ± 0.00", "1.50 ± 0.00"]
     assert cells("CrossExampleSoftmax")[:3] == ["CrossExampleSoftmax", "3", "22.33 ± 2.52"]  # the old columns stay
     assert "CE − SS PR AUC: +6.67 ± 0.58 points (n = 3 paired by seed, paired t-test p = 0.00249)" in out
     assert "CE − SS R@1: +4.67 ± 0.58 points" in out

@@ -245,3 +245,30 @@ def centroid_bound(rel, s):
         for y in np.flatnonzero(rel[i] == 1):
             terms.append(d[i, y] - np.mean(d[i, neg]) / 3.0 if neg.any() else d[i, y])
     return float(np.mean(terms))
+
+
+# ---- SigLIP (Zhai et al. 2023) and Threshold-Consistent Margin (Zhang et al. 2024) -----------------------------
+
+
+def sigmoid(r, s, scale=10.0, bias=-10.0):
+    """SigLIP: ``-1/N sum_{i,j: r != -1} log sigmoid(z_ij (scale s_ij + bias))``, z = +1 on positives, -1 on
+    negatives, one pair at a time (``log sigmoid(x) = -log(1 + e^-x)``)."""
+    total = 0.0
+    for i in range(r.shape[0]):
+        for j in range(r.shape[1]):
+            if r[i, j] == -1:
+                continue
+            z = 1.0 if r[i, j] == 1 else -1.0
+            log_sigmoid = -np.logaddexp(0.0, -z * (scale * s[i, j] + bias))
+            total -= log_sigmoid
+    return total / r.shape[0]
+
+
+def threshold_consistent_margin(r, s, margin_plus=0.9, margin_minus=0.5, weight_plus=1.0, weight_minus=1.0):
+    """TCM: ``w+ mean_{pos, s <= m+} (m+ - s) + w- mean_{neg, s >= m-} (s - m-)`` (a part with no violating
+    pair is 0), written with Python lists."""
+    pos = [margin_plus - s[i, j] for i, j in pos_pairs(r) if s[i, j] <= margin_plus]
+    neg = [s[i, j] - margin_minus for i in range(r.shape[0]) for j in negs(r, i) if s[i, j] >= margin_minus]
+    pos_part = sum(pos) / len(pos) if pos else 0.0
+    neg_part = sum(neg) / len(neg) if neg else 0.0
+    return weight_plus * pos_part + weight_minus * neg_part

@@ -55,6 +55,8 @@ VARIANTS = {
     "NPairLoss": [dict(scale=5.0, bidirectional=True)],
     "InfoNCE": [dict(temperature=0.1, bidirectional=True)],
     "SymmetricInfoNCE": [dict(temperature=0.2)],
+    "SigmoidLoss": [dict(scale=5.0, bias=-3.0)],
+    "ThresholdConsistentMargin": [dict(margin_plus=0.7, margin_minus=0.2, weight_plus=0.5, weight_minus=2.0)],
     "ContrastiveLoss": [dict(margin=1.2, balanced=True, bidirectional=True)],
     "TripletLoss": [
         dict(margin=0.3, distance="euclidean", average_nonzero=True, positive_slots=4, bidirectional=True),
@@ -115,6 +117,8 @@ CAPABILITIES = {
     "NPairLoss": (True, False, False, False),
     "InfoNCE": (True, False, False, False),
     "SymmetricInfoNCE": (True, False, False, False),
+    "SigmoidLoss": (True, False, False, False),
+    "ThresholdConsistentMargin": (False, False, False, False),
     "ContrastiveLoss": (False, False, False, False),
     "TripletLoss": (False, False, False, False),
     "LiftedStructureLoss": (False, False, False, False),
@@ -290,6 +294,20 @@ def test_every_class_declares_its_capabilities():
                 assert cls(**cls.logit_scale_kwargs(lam)).logit_scale == pytest.approx(lam), name
         else:
             assert cls.logit_scale_kwargs(20.0) == {} and loss.logit_scale is None, name
+        if name in HAS_LOGIT_BIAS:
+            assert cls(**cls.logit_bias_kwargs(-4.0)).logit_bias == pytest.approx(-4.0), name
+        else:
+            assert cls.logit_bias_kwargs(-4.0) == {} and loss.logit_bias is None, name
+
+
+#: The losses that declare a logit bias b (``l = λ·S + b``).
+HAS_LOGIT_BIAS = {"SigmoidLoss"}
+
+
+def test_logit_bias_is_declared_where_it_is_a_hyperparameter():
+    assert {name for name, cls in CLASSES.items() if cls.has_logit_bias} == HAS_LOGIT_BIAS
+    for name in HAS_LOGIT_BIAS:
+        assert "bias" in CLASSES[name].hyperparameter_names(), name
 
 
 #: Options under which a has_logit_scale loss is a plain softmax over λ·S (no margin, no mining).
@@ -308,7 +326,8 @@ def test_logit_scale_multiplies_cosines(name):
     """Issue 11: ``cls(**cls.logit_scale_kwargs(λ))`` uses the logits λ·S on cosine S (NCA once used 2λ).
 
     Reference: the softmax over λ·S of NumPy (row-wise; across the batch's negatives for the cross-example
-    losses; both directions for SymmetricInfoNCE), one positive per row and nothing ignored.
+    losses; both directions for SymmetricInfoNCE), one positive per row and nothing ignored; for SigmoidLoss,
+    the pairwise sigmoid on λ·S + b.
     """
     cls, lam = CLASSES[name], 20.0
     rng = np.random.default_rng(5)
@@ -321,6 +340,10 @@ def test_logit_scale_multiplies_cosines(name):
     scores = queries @ documents.T
     loss = cls(**cls.logit_scale_kwargs(lam), **PLAIN.get(name, {}))
     assert loss.logit_scale == pytest.approx(lam)
+    if name == "SigmoidLoss":
+        want = ref.sigmoid(relevance, scores.astype(np.float64), scale=lam, bias=loss.logit_bias)
+        assert float(loss(relevance, scores)) == pytest.approx(want, rel=1e-5)
+        return
     cross = name.startswith("CrossExample")
     want = ref.softmax(relevance, scores, scale=lam, cross_example=cross)
     if name == "SymmetricInfoNCE":

@@ -231,14 +231,13 @@ def test_triplet_all_never_builds_cubic_tensor():
 
 @pytest.fixture
 def pml():
-    """``(torch, pytorch_metric_learning.losses, pytorch_metric_learning.reducers)``; skips only the tests that
-    compare with pytorch-metric-learning when it is not installed."""
-    reason = "pytorch-metric-learning (and torch) is needed to compare with its losses"
-    return (
-        pytest.importorskip("torch", reason=reason),
-        pytest.importorskip("pytorch_metric_learning.losses", reason=reason),
-        pytest.importorskip("pytorch_metric_learning.reducers", reason=reason),
-    )
+    """``(torch, pytorch_metric_learning.losses, pytorch_metric_learning.reducers)``: pinned references
+    (requirements-dev.txt; tests/conftest.py fails the run when they are missing), imported here because torch is
+    slow to import."""
+    import torch
+    from pytorch_metric_learning import losses, reducers
+
+    return torch, losses, reducers
 
 
 PML = {

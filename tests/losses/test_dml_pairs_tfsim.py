@@ -5,13 +5,9 @@ about 10-25 s, hence a file of its own.)"""
 import numpy as np
 import pytest
 import tensorflow as tf
+import tensorflow_similarity.losses as tfsim  # pinned (requirements.txt): tests/conftest.py fails the run without it
 
 from ce_retrieval.losses import MultiSimilarityLoss, TripletLoss, relevance_from_ids
-
-# every test of this file compares with TensorFlow Similarity: skipping the module skips nothing else
-tfsim = pytest.importorskip(
-    "tensorflow_similarity.losses", reason="tensorflow-similarity is needed to compare with its losses"
-)
 
 
 def embeddings(seed=21, classes=6, per_class=4, dim=8):

@@ -161,11 +161,12 @@ def test_negative_squared_distance_reading(rng):
 
 @pytest.fixture
 def pml():
-    """(torch, pytorch_metric_learning.losses); skips only these tests when they are not installed."""
-    reason = "pytorch-metric-learning (and torch) is needed to compare with its losses"
-    return pytest.importorskip("torch", reason=reason), pytest.importorskip(
-        "pytorch_metric_learning.losses", reason=reason
-    )
+    """(torch, pytorch_metric_learning.losses): pinned references (requirements-dev.txt; tests/conftest.py fails
+    the run when they are missing), imported here because torch is slow to import."""
+    import torch
+    from pytorch_metric_learning import losses
+
+    return torch, losses
 
 
 def _t(torch, a):

@@ -53,8 +53,9 @@ def assert_close(a, b, rtol=1e-5, atol=1e-6):
 
 @pytest.mark.parametrize("name", losses.available())
 def test_dense_objective_is_the_former_dense_path_for_every_loss(name):
-    loss = build_loss(LossConfig(name=name), ModelConfig(logit_scale=20.0))
-    objective = RetrievalObjective(loss, logit_scale=20.0)
+    bias = -10.0 if losses.lookup(name).has_logit_bias else None  # SigLIP's b: the objective's, like λ
+    loss = build_loss(LossConfig(name=name), ModelConfig(logit_scale=20.0, logit_bias=bias))
+    objective = RetrievalObjective(loss, logit_scale=20.0, logit_bias=bias)
     text, image = embeddings()
     got, got_grads = value_and_grads(lambda t, v: objective(t, v, IDS).share, text, image)
     want, want_grads = value_and_grads(lambda t, v: former_dense_path(loss, t, v, IDS), text, image)

@@ -28,6 +28,7 @@ def test_layout_and_metadata(base_export):
     meta = layout.export_metadata(root, layout.TEXT_ENCODER, 1)
     assert meta == dict(layout.export_metadata(root, layout.IMAGE_ENCODER, 1), part=layout.TEXT_ENCODER)
     assert meta["embedding_dim"] == 16 and meta["normalization"] == "l2" and meta["logit_scale"] == 20.0
+    assert meta["logit_bias"] is None  # a model without a logit bias (only SigLIP-style losses have one)
     assert meta["custom_ops"] == ["CaseFoldUTF8"]  # the stand-in text tower uses TF-Text, like the real one
     assert meta["text_fingerprint"] == export_mod.weights_fingerprint(base_export["text"])
     other_text, _ = make_towers(seed=1)
@@ -197,7 +198,10 @@ def test_export_cli_uses_load_trained(base_export, tmp_path, monkeypatch, capsys
         name: str = "tiny"
 
     model = types.SimpleNamespace(
-        text_encoder=base_export["text"], image_encoder=base_export["image"], logit_scale=tf.constant(12.5)
+        text_encoder=base_export["text"],
+        image_encoder=base_export["image"],
+        logit_scale=tf.constant(12.5),
+        logit_bias=tf.constant(-7.25),  # a learned SigLIP bias is exported with λ
     )
     calls = []
     monkeypatch.setattr(
@@ -207,5 +211,7 @@ def test_export_cli_uses_load_trained(base_export, tmp_path, monkeypatch, capsys
     assert cli.main(["export", "--model_dir", "some/run", "--export_dir", out, "--version", "7", "--no_verify"]) == 0
     assert calls == ["some/run"] and "custom ops a TF Serving build must link: CaseFoldUTF8" in capsys.readouterr().out
     meta = layout.export_metadata(out, layout.IMAGE_ENCODER, 7)
-    assert meta["logit_scale"] == 12.5 and meta["metadata"]["config"] == {"name": "tiny"}
+    assert (
+        meta["logit_scale"] == 12.5 and meta["logit_bias"] == -7.25 and meta["metadata"]["config"] == {"name": "tiny"}
+    )
     assert layout.complete_versions(out) == [7]

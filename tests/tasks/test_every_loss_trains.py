@@ -29,7 +29,10 @@ def task_vocab_file(tmp_path_factory):
 
 
 def _experiment(loss_name: str, **loss_kwargs) -> ExperimentConfig:
-    cfg = ExperimentConfig(name="every_loss", model=tiny_config(), loss=LossConfig(name=loss_name, kwargs=loss_kwargs))
+    # a loss with a logit bias (SigLIP) takes b from model.logit_bias, which must then be set
+    bias = -10.0 if losses.lookup(loss_name).has_logit_bias else None
+    model = tiny_config(logit_bias=bias)
+    cfg = ExperimentConfig(name="every_loss", model=model, loss=LossConfig(name=loss_name, kwargs=loss_kwargs))
     cfg.train = dataclasses.replace(cfg.train, batch_size=8, jit_compile=False)
     return cfg
 

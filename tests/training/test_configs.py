@@ -8,7 +8,7 @@ from ce_retrieval.configs import ConfigError
 from ce_retrieval.tasks import RetrievalTask
 
 
-@pytest.mark.parametrize("name", ["synthetic_demo", "cc3m_paper", "flickr30k_zeroshot"])
+@pytest.mark.parametrize("name", ["synthetic_demo", "synthetic_siglip", "cc3m_paper", "flickr30k_zeroshot"])
 def test_shipped_configs_load(name):
     cfg = configs.load_experiment(resolve_config(name))
     assert cfg.name == name

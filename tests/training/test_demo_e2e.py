@@ -58,3 +58,7 @@ def test_demo_runs_every_stage(tmp_path):
     assert (workdir / "export" / "text_encoder" / "1" / "saved_model.pb").exists()
     assert (workdir / "export" / "image_encoder" / "1" / "saved_model.pb").exists()
     assert (workdir / "export" / "index" / "1").is_dir()
+    record = json.loads((workdir / "record.json").read_text())  # the main job's record (demo_record.py)
+    assert record["seed"] == 0 and record["machine"]["cpu_count"] and len(record["load_average_1_5_15"]) == 3
+    assert record["runs"]["CrossExampleSoftmax"]["pr_auc"] == report["summary"]["pr_auc"]
+    assert (workdir / "record.md").exists() and "[demo] record:" in out

@@ -1,0 +1,347 @@
+"""The calibration suite (#21): every objective a user would weigh, on dataset families that differ in kind, in
+two regimes, over paired seeds.
+
+Families (``ce_retrieval.data.families``, written to disk in a real format and read by the real loaders): the
+shapes (TFRecords), vague captions (Karpathy JSON: captions that fit many images) and digit scenes (Karpathy
+JSON: scikit-learn's handwritten digits, two per scene). Objectives: ``suite_objectives.OBJECTIVES`` (SS, SNM,
+CE, CENM, CLIP, SigLIP, SS+TCM, CE+TCM, and the ``recipe`` slot); one not yet in the project is skipped with a
+"not available" line. Regimes:
+
+* ``heads`` — the converged regime of ``paper_tables.py``: the demo towers pretrained on the family's attributes
+  and frozen (``family_features.py``), projection heads trained with the objective (``heads.py``), batch 512;
+* ``scratch`` — the demo budget through the real training job (``ce_retrieval.training.train`` with the demo
+  config, only ``data`` replaced by the family's loader config and ``loss`` by the objective), 5 x 100 steps at
+  batch 64, the best-validation checkpoint (``load_trained``), as ``ce-retrieval demo`` does.
+
+Runs with the same seed share initial weights and batch order, so every objective's difference to SS is paired.
+Each run is evaluated on test with thresholds calibrated on val (``heads.evaluate_arrays``: PR-AUC, R@1 both
+ways, recall and achieved precision at the threshold chosen for precision 0.5, calibration error, OPIS).
+
+Outputs: ``--out`` (default ``runs/calibration_suite``) holds the families, features, one JSON per run and the
+test embeddings (for ``--analyse``); ``--results`` (default ``benchmarks/results/calibration_suite``) gets
+``suite.json``, ``suite.md`` (a table per regime and family: mean ± sd over seeds, paired difference to SS and
+its p-value) and ``<family>.png``; with ``--analyse`` also ``analysis.md`` / ``analysis.json`` / ``analysis_*.png``
+(``calibration_analysis.py``: why CE loses text->image R@1 where it does).
+
+    python benchmarks/calibration_suite.py                       # default plan, <= 45 min (estimate printed)
+    python benchmarks/calibration_suite.py --plan full           # both regimes on every family (~80 min)
+    python benchmarks/calibration_suite.py --regimes heads       # the converged regime only (cheap)
+    python benchmarks/calibration_suite.py --quick --out /tmp/cs --results /tmp/cs/results   # smoke (< 1 min)
+    python benchmarks/calibration_suite.py --analyse             # part 3's evidence from the runs on disk
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import ce_retrieval  # noqa: E402,F401  (legacy Keras before TensorFlow)
+from benchmarks import suite_objectives as so  # noqa: E402
+from benchmarks.family_features import PretrainConfig  # noqa: E402
+from ce_retrieval.data.families import FAMILIES, FamilySize  # noqa: E402
+
+REGIMES = ("heads", "scratch")
+# Rough costs on 2 idle cores for the plan's estimate, read from earlier records rather than measured here: the
+# README's demo (2 x 500 scratch steps at batch 64 with evaluation in 6.4 min) and paper_tables.py (30 heads runs of
+# 1,200 steps at batch 512 plus sweeps in 30 min). Check them against the seconds each run records.
+EST_SECONDS = {"family": 40.0, "features": 90.0, "heads_per_step": 0.025, "scratch_per_step": 0.3, "eval": 5.0}
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    families: tuple = FAMILIES
+    size: FamilySize = FamilySize()
+    seeds: int = 3
+    regimes: tuple = REGIMES
+    heads_objectives: tuple = tuple(so.OBJECTIVES)
+    heads_steps: int = 600
+    heads_batch: int = 512
+    heads_eval_every: int = 100
+    jit_compile: bool = True
+    pretrain: PretrainConfig = PretrainConfig()
+    scratch_objectives: tuple = ("SS", "CE")
+    scratch_families: tuple | None = None  # None: every family of the plan
+    scratch_epochs: int = 5
+    scratch_steps_per_epoch: int = 100
+    scratch_batch: int = 64
+    scratch_overrides: tuple = ()  # extra "a.b=v" overrides of the demo config (the quick plan's tiny model)
+
+    def estimate_minutes(self) -> float:
+        e = EST_SECONDS
+        per_family = e["family"]
+        if "heads" in self.regimes:
+            per_family += e["features"] + self.seeds * len(self.heads_objectives) * (
+                self.heads_steps * e["heads_per_step"] + e["eval"]
+            )
+        minutes = len(self.families) * per_family / 60
+        if "scratch" in self.regimes:
+            steps = self.scratch_epochs * self.scratch_steps_per_epoch
+            per_run = steps * e["scratch_per_step"] + (self.scratch_epochs + 1) * e["eval"]
+            minutes += len(self.scratch_on()) * self.seeds * len(self.scratch_objectives) * per_run / 60
+        return minutes
+
+    def scratch_on(self) -> tuple:
+        return tuple(f for f in self.families if self.scratch_families is None or f in self.scratch_families)
+
+
+# The default plan fits the 45-minute budget: every objective in the converged regime on every family, and the
+# demo-budget regime for SS and CE on the digits (the family where #21 saw CE lose text->image R@1). FULL adds the
+# demo-budget regime on every family (about 80 min: 500 real training steps cost about 0.3 s each).
+DEFAULT = Plan(heads_steps=400, scratch_families=("digits",))
+FULL = Plan()
+
+
+QUICK = Plan(
+    families=("digits",),
+    size=FamilySize(num_train=24, num_val=8, num_test=8, captions_per_image=2, image_size=32),
+    seeds=2,
+    heads_objectives=("SS", "CE", "SigLIP", "CE+TCM"),
+    heads_steps=6,
+    heads_batch=16,
+    heads_eval_every=3,
+    jit_compile=False,
+    pretrain=PretrainConfig(image_epochs=1, caption_epochs=1, pretrain_batch=16, num_distractors=4),
+    scratch_objectives=("SS", "CE"),
+    scratch_families=None,
+    scratch_epochs=1,
+    scratch_steps_per_epoch=3,
+    scratch_batch=8,
+    scratch_overrides=(
+        "model.embedding_dim=16,model.text.hidden_size=16,model.text.num_layers=1,model.text.intermediate_size=32,"
+        "model.image.image_size=32,model.image.stackwise_filters=[4,8,8,8],train.backup_every_steps=100",
+    ),
+)
+
+
+PLANS = {"default": DEFAULT, "full": FULL, "quick": QUICK}
+
+
+def _family(plan: Plan, family: str, out: str):
+    from ce_retrieval.data.families import build_family
+
+    folder = os.path.join(out, "families", family)
+    return folder, build_family(family, folder, plan.size)
+
+
+def _save_run(path: str, doc: dict, embeddings) -> None:
+    import numpy as np
+
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    q, d, qi, di = embeddings
+    np.savez(path[:-5] + ".tmp.npz", q=q.astype(np.float16), d=d.astype(np.float16), q_ids=qi, d_ids=di)
+    os.replace(path[:-5] + ".tmp.npz", path[:-5] + ".npz")
+    with open(path + ".tmp", "w") as f:
+        json.dump(doc, f)
+    os.replace(path + ".tmp", path)
+
+
+def _doc(regime, family, label, objective, seed, result, seconds, extra) -> dict:
+    from ce_retrieval.evaluation.evaluate import _jsonable
+
+    return _jsonable(
+        {
+            "schema_version": 1,
+            "run_name": label,
+            "regime": regime,
+            "family": family,
+            "split": f"{family}/test",
+            "summary": result["summary"],
+            "metrics": result["metrics"],
+            "curve": result.get("curve"),
+            "calibration_split": {"name": "val"},
+            "config": {"objective": objective.describe(), "train": {"seed": seed, **extra}},
+            "seconds": {"total": seconds},
+        }
+    )
+
+
+def run_heads(plan: Plan, family: str, label: str, objective, seed: int, features) -> tuple[dict, dict]:
+    from benchmarks import heads
+
+    t0 = time.perf_counter()
+    loss_fn, extra = so.heads_loss(objective)
+    result = heads.train_heads(
+        features,
+        loss_fn,
+        seed=seed,
+        batch=min(plan.heads_batch, len(features["train_text_ids"])),
+        steps=plan.heads_steps,
+        eval_every=min(plan.heads_eval_every, plan.heads_steps),
+        jit_compile=plan.jit_compile,
+        extra_variables=extra,
+    )
+    learned = {v.name.split(":")[0]: float(v.numpy()) for v in extra}
+    info = {"batch_size": plan.heads_batch, "steps": plan.heads_steps, "learned": learned}
+    return _doc("heads", family, label, objective, seed, result, time.perf_counter() - t0, info), result
+
+
+def _demo_config(plan: Plan, data_cfg, objective, seed: int):
+    from ce_retrieval import configs
+    from ce_retrieval.cli.train import resolve_config
+
+    cfg = configs.load_experiment(resolve_config("synthetic_demo"), list(plan.scratch_overrides))
+    cfg = dataclasses.replace(cfg, data=data_cfg)
+    cfg = configs.merge(
+        cfg,
+        {
+            "train": {
+                "seed": seed,
+                "batch_size": plan.scratch_batch,
+                "epochs": plan.scratch_epochs,
+                "steps_per_epoch": plan.scratch_steps_per_epoch,
+                "verbose": 0,
+            },
+            "evaluation": {"every_n_epochs": 1},
+        },
+    )
+    return configs.merge(cfg, so.scratch_overrides(objective)) if objective else cfg
+
+
+def run_scratch(plan: Plan, family: str, label: str, objective, seed: int, out: str, data_cfg, distractors):
+    from benchmarks import heads
+    from ce_retrieval import data
+    from ce_retrieval.evaluation.embed import embed_split, embed_strings
+    from ce_retrieval.training import load_trained, train
+
+    t0 = time.perf_counter()
+    cfg = _demo_config(plan, data_cfg, objective, seed)
+    model_dir = os.path.join(out, "models", family, f"{label}-seed{seed}")
+    summary = train(cfg, model_dir, print_fn=lambda *_: None)
+    _, model = load_trained(model_dir)
+    val = embed_split(model.text_encoder, model.image_encoder, data.load_retrieval_split(cfg.data, "val"))
+    test = embed_split(model.text_encoder, model.image_encoder, data.load_retrieval_split(cfg.data, "test"))
+    result = heads.evaluate_arrays(val, test, embed_strings(model.image_encoder, distractors))
+    history = summary["history"]
+    epochs = len(history.get("val_pr_auc", []))
+    result["curve"] = {
+        "step": [(e + 1) * plan.scratch_steps_per_epoch for e in range(epochs)],
+        "pr_auc": history.get("val_pr_auc", []),
+        "t2i_r1": history.get("val_t2i_r1", []),
+        "loss": history.get("loss", []),
+        "split": "val",
+    }
+    info = {"batch_size": plan.scratch_batch, "steps": summary["steps"], "train_seconds": summary["seconds"]}
+    return _doc("scratch", family, label, objective, seed, result, time.perf_counter() - t0, info), result
+
+
+def _objectives(names, recipe) -> dict:
+    out = {}
+    for name in names:
+        if name == so.RECIPE:
+            if recipe is not None:
+                out[name] = recipe
+            continue
+        if name not in so.OBJECTIVES:
+            raise ValueError(f"unknown objective {name!r}; known: {', '.join([*so.OBJECTIVES, so.RECIPE])}")
+        out[name] = so.OBJECTIVES[name]
+    return out
+
+
+def run_plan(plan: Plan, out: str, recipe=None, rerun: bool = False, log=print) -> dict:
+    """Every run of the plan (cached per run JSON unless ``rerun``): ``{"runs": [doc...], "skipped": [...]}``."""
+    from benchmarks.family_features import build_family_features
+    from ce_retrieval.data.families import family_distractors
+
+    docs, skipped = [], []
+    for family in plan.families:
+        folder, data_cfg = _family(plan, family, out)
+        for regime in plan.regimes:
+            if regime == "scratch" and family not in plan.scratch_on():
+                continue
+            names = plan.heads_objectives if regime == "heads" else plan.scratch_objectives
+            objectives = _objectives(names + ((so.RECIPE,) if recipe is not None else ()), recipe)
+            base = _demo_config(plan, data_cfg, None, 0) if regime == "scratch" else None
+            state = None
+            for label, objective in objectives.items():
+                reason = so.unavailable(objective, regime, base)
+                if reason:
+                    line = f"{regime}/{family}/{label}: not available: {reason}"
+                    skipped.append({"regime": regime, "family": family, "objective": label, "reason": reason})
+                    log(f"[suite] {line}")
+                    continue
+                for seed in range(plan.seeds):
+                    path = os.path.join(out, "runs", regime, family, f"{label}-seed{seed}.json")
+                    if os.path.exists(path) and not rerun:
+                        with open(path) as f:
+                            docs.append(json.load(f))
+                        continue
+                    if state is None:
+                        if regime == "heads":
+                            state = build_family_features(
+                                family,
+                                data_cfg,
+                                folder,
+                                plan.pretrain,
+                                os.path.join(out, "features", family),
+                                log,
+                                plan.scratch_overrides,
+                            )
+                        else:
+                            state = family_distractors(
+                                family, plan.pretrain.num_distractors, plan.size.seed, plan.size.image_size
+                            )
+                    if regime == "heads":
+                        doc, result = run_heads(plan, family, label, objective, seed, state)
+                    else:
+                        doc, result = run_scratch(plan, family, label, objective, seed, out, data_cfg, state)
+                    _save_run(path, doc, result["embeddings"])
+                    s = doc["summary"]
+                    log(
+                        f"[suite] {regime}/{family}/{label} seed {seed}: PR-AUC {100 * s['pr_auc']:.2f}, "
+                        f"t2i R@1 {100 * s['t2i_r1']:.2f}, i2t R@1 {100 * s['i2t_r1']:.2f} "
+                        f"({doc['seconds']['total']:.0f} s)"
+                    )
+                    docs.append(doc)
+    return {"runs": docs, "skipped": skipped}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default="runs/calibration_suite")
+    parser.add_argument("--results", default=os.path.join("benchmarks", "results", "calibration_suite"))
+    parser.add_argument("--plan", choices=sorted(PLANS), default="default", help="default (<= 45 min), full, quick")
+    parser.add_argument("--quick", action="store_true", help="= --plan quick: one tiny family, 2 seeds, few steps")
+    parser.add_argument("--families", nargs="*", choices=FAMILIES, default=None)
+    parser.add_argument("--regimes", nargs="*", choices=REGIMES, default=None)
+    parser.add_argument("--objectives", nargs="*", default=None, help="both regimes' objectives (default: the plan's)")
+    parser.add_argument("--seeds", type=int, default=None)
+    parser.add_argument("--heads_steps", type=int, default=None)
+    parser.add_argument("--recipe", default=None, help='JSON: {"loss": name, "kwargs": {...}, "regularizer": name}')
+    parser.add_argument("--rerun", action="store_true", help="train again where a run's JSON exists")
+    parser.add_argument("--analyse", action="store_true", help="also write part 3's evidence (calibration_analysis)")
+    args = parser.parse_args(argv)
+    plan = PLANS["quick" if args.quick else args.plan]
+    changes = {
+        "families": tuple(args.families) if args.families else None,
+        "regimes": tuple(args.regimes) if args.regimes else None,
+        "heads_objectives": tuple(args.objectives) if args.objectives else None,
+        "scratch_objectives": tuple(args.objectives) if args.objectives else None,
+        "seeds": args.seeds,
+        "heads_steps": args.heads_steps,
+    }
+    plan = dataclasses.replace(plan, **{k: v for k, v in changes.items() if v is not None})
+    recipe = so.recipe_objective(json.loads(args.recipe)) if args.recipe else None
+    print(f"[suite] plan: {plan}\n[suite] estimated {plan.estimate_minutes():.0f} min on 2 idle cores", flush=True)
+    start = time.perf_counter()
+    outcome = run_plan(plan, args.out, recipe, args.rerun)
+    minutes = (time.perf_counter() - start) / 60
+
+    from benchmarks import calibration_suite_report
+
+    files = calibration_suite_report.write(args.results, outcome, plan, minutes)
+    if args.analyse:
+        from benchmarks import calibration_analysis
+
+        files += calibration_analysis.write(args.results, args.out, outcome["runs"])
+    print(f"[suite] {len(outcome['runs'])} runs, {minutes:.1f} min; " + ", ".join(files))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

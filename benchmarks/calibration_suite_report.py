@@ -1,0 +1,154 @@
+"""The calibration suite's record: ``suite.json``, ``suite.md`` (a table per regime and family) and a plot per family.
+
+Each cell is the mean ± sample sd over seeds; for every objective other than SS, the paired difference to SS
+(mean over seeds of objective − SS, same seed) and its two-sided paired t-test p-value
+(``ce_retrieval.evaluation.report.paired_difference``, ``scipy.stats.ttest_rel``). Figures are percentages
+except OPIS (as measured, ×100). A column that no run has (e.g. OPIS before the metric exists) says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+COLUMNS = (
+    ("PR-AUC", "pr_auc"),
+    ("t→i R@1", "t2i_r1"),
+    ("i→t R@1", "i2t_r1"),
+    ("recall @ val thr for P=0.5", "achieved_recall_0.5"),
+    ("its achieved precision", "achieved_precision_0.5"),
+    ("calibration error", "mean_calibration_error"),
+    ("OPIS ×100", "opis"),
+)
+
+
+def _groups(runs: list[dict]) -> dict:
+    out: dict = {}
+    for doc in runs:
+        out.setdefault((doc["regime"], doc["family"]), {}).setdefault(doc["run_name"], []).append(doc)
+    return out
+
+
+def _values(docs, key):
+    return [d["summary"].get(key) for d in docs if d["summary"].get(key) is not None]
+
+
+def table_rows(by_objective: dict, baseline: str = "SS") -> list[dict]:
+    """One row per objective: ``{"objective", key: {"mean", "sd", "n", "diff", "p"}}`` (diff/p vs ``baseline``)."""
+    from ce_retrieval.evaluation.report import paired_difference
+
+    rows = []
+    for name, docs in by_objective.items():
+        row = {"objective": name, "seeds": sorted(d["config"]["train"]["seed"] for d in docs)}
+        for _, key in COLUMNS:
+            v = np.asarray(_values(docs, key), np.float64)
+            cell = {
+                "mean": float(v.mean()) if len(v) else None,
+                "sd": float(v.std(ddof=1)) if len(v) > 1 else None,
+                "n": len(v),
+            }
+            if name != baseline and baseline in by_objective and len(v):
+                d = paired_difference(docs + by_objective[baseline], name, baseline, key)
+                cell.update(diff=d["mean"], diff_sd=d["std"], p=d["p_value"], pairs=d["n"])
+            row[key] = cell
+        rows.append(row)
+    return rows
+
+
+def _cell(cell: dict) -> str:
+    if cell["mean"] is None:
+        return "–"
+    text = f"{100 * cell['mean']:.1f}" + (f" ± {100 * cell['sd']:.1f}" if cell["sd"] is not None else "")
+    if cell.get("diff") is not None:
+        p = cell.get("p")
+        text += f" (Δ {100 * cell['diff']:+.1f}" + (f", p {p:.2g})" if p is not None else ")")
+    return text
+
+
+def markdown(outcome: dict, tables: dict, plan, minutes: float) -> str:
+    lines = [
+        "# Calibration suite (#21): objectives x dataset families x regimes, paired seeds",
+        "",
+        f"Plan: families {', '.join(plan.families)}; {plan.seeds} paired seeds; heads regime "
+        f"{plan.heads_steps} steps at batch {plan.heads_batch}; scratch regime "
+        f"{plan.scratch_epochs} x {plan.scratch_steps_per_epoch} steps at batch {plan.scratch_batch}. "
+        f"Wall time of this invocation {minutes:.1f} min (cached runs are read, not re-trained).",
+        "",
+        "Cells: mean ± sd over seeds, in % (OPIS ×100); Δ = paired mean difference to SS (same seed), "
+        "p = two-sided paired t-test. Test split; thresholds chosen on the validation split.",
+        "",
+    ]
+    for item in outcome["skipped"]:
+        lines.append(f"- {item['regime']}/{item['family']}/{item['objective']}: **not available** — {item['reason']}")
+    if outcome["skipped"]:
+        lines.append("")
+    present = {key for doc in outcome["runs"] for _, key in COLUMNS if key in doc["summary"]}
+    for (regime, family), rows in tables.items():
+        lines += [f"## {regime} regime, {family}", ""]
+        lines.append("| objective | " + " | ".join(label for label, _ in COLUMNS) + " |")
+        lines.append("|---|" + "---:|" * len(COLUMNS))
+        for row in rows:
+            lines.append(f"| {row['objective']} | " + " | ".join(_cell(row[key]) for _, key in COLUMNS) + " |")
+        lines.append("")
+    lines.append(
+        "–: no value; the recall and achieved precision at the threshold for precision 0.5 are missing where no "
+        "threshold reaches precision 0.5 on the validation split."
+    )
+    missing = [label for label, key in COLUMNS if key not in present]
+    if missing:
+        lines.append(f"**Not available** in this checkout (no run's evaluation reports it): {', '.join(missing)}.")
+    return "\n".join(lines) + "\n"
+
+
+def plot_family(path: str, family: str, groups: dict) -> str:
+    """PR-AUC against text->image R@1, one panel per regime: seeds as dots, the mean as a large marker."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    regimes = [r for r, f in groups if f == family]
+    fig, axes = plt.subplots(1, max(1, len(regimes)), figsize=(5.5 * max(1, len(regimes)), 4.5), squeeze=False)
+    for ax, regime in zip(axes[0], regimes, strict=False):
+        for k, (name, docs) in enumerate(groups[(regime, family)].items()):
+            x = 100 * np.asarray([d["summary"]["t2i_r1"] for d in docs])
+            y = 100 * np.asarray([d["summary"]["pr_auc"] for d in docs])
+            color = f"C{k % 10}"
+            ax.scatter(x, y, s=14, color=color, alpha=0.5)
+            ax.scatter([x.mean()], [y.mean()], s=90, color=color, edgecolor="black", label=name)
+        ax.set_xlabel("text→image R@1 (%)")
+        ax.set_ylabel("global PR-AUC (%)")
+        ax.set_title(f"{family}, {regime} regime")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write(results_dir: str, outcome: dict, plan, minutes: float) -> list[str]:
+    os.makedirs(results_dir, exist_ok=True)
+    groups = _groups(outcome["runs"])
+    tables = {key: table_rows(by_objective) for key, by_objective in groups.items()}
+    record = {
+        "plan": repr(plan),
+        "minutes": minutes,
+        "skipped": outcome["skipped"],
+        "tables": {f"{regime}/{family}": rows for (regime, family), rows in tables.items()},
+        "runs": [
+            {k: d[k] for k in ("regime", "family", "run_name", "summary", "curve", "seconds")}
+            | {"seed": d["config"]["train"]["seed"], "learned": d["config"]["train"].get("learned")}
+            for d in outcome["runs"]
+        ],
+    }
+    files = [os.path.join(results_dir, "suite.json"), os.path.join(results_dir, "suite.md")]
+    with open(files[0], "w") as f:
+        json.dump(record, f, indent=1)
+    with open(files[1], "w") as f:
+        f.write(markdown(outcome, tables, plan, minutes))
+    for family in sorted({f for _, f in groups}):
+        files.append(plot_family(os.path.join(results_dir, f"{family}.png"), family, groups))
+    return files
