@@ -3,7 +3,8 @@ device. Usage: ``python objective_replicas.py R``; prints one JSON line of relat
 
 For every registered loss, the replicated dense path: Σ_r (share_r) = L and the replicas' embedding gradients
 (through all_gather) = the one-device gradients of L. For the softmax family also tiled, sharded and
-sharded + tiled (T = 3, bidirectional and learned λ included), in a graph.
+sharded + tiled (T = 3, bidirectional and learned λ included), and for SigLIP the same paths with learned t and b,
+in a graph.
 Logical devices must be configured before TensorFlow runs any op, hence a fresh process.
 """
 
@@ -23,7 +24,7 @@ tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfigur
 from ce_retrieval import losses  # noqa: E402
 from ce_retrieval.configs.experiment import LossConfig  # noqa: E402
 from ce_retrieval.modeling.config import ModelConfig  # noqa: E402
-from ce_retrieval.objective import LogitScale, RetrievalObjective  # noqa: E402
+from ce_retrieval.objective import LogitBias, LogitScale, RetrievalObjective  # noqa: E402
 from ce_retrieval.tasks import build_loss  # noqa: E402
 
 ROWS = 8
@@ -94,9 +95,12 @@ def main():
     strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(REPLICAS)])
     results = {}
     for name in losses.available():
-        loss = build_loss(LossConfig(name=name), ModelConfig())
-        results[f"{name}/replicated"] = compare(strategy, lambda loss=loss: (RetrievalObjective(loss), LogitScale()))
-    family = [n for n in losses.available() if losses.lookup(n).supports_sharded]
+        bias = -10.0 if losses.lookup(name).has_logit_bias else None  # SigLIP: b is the objective's, like λ
+        loss = build_loss(LossConfig(name=name), ModelConfig(logit_bias=bias))
+        results[f"{name}/replicated"] = compare(
+            strategy, lambda loss=loss, bias=bias: (RetrievalObjective(loss, logit_bias=bias), LogitScale())
+        )
+    family = [n for n in losses.available() if issubclass(losses.lookup(n), losses.SoftmaxFamilyLoss)]
     for name in family:
         for partition, tile, bidirectional, learn in [
             ("replicated", 3, False, False),
@@ -111,6 +115,16 @@ def main():
                 return RetrievalObjective(loss, scale, partition=partition, tile_size=tile), scale
 
             results[f"{name}/{partition}/tile{tile}/bi{int(bidirectional)}/learn{int(learn)}"] = compare(strategy, make)
+    learned = ModelConfig(logit_scale=10.0, learn_logit_scale=True, logit_bias=-10.0, learn_logit_bias=True)
+    siglip = build_loss(LossConfig(name="SigmoidLoss"), learned)
+    for partition, tile in [("replicated", 3), ("sharded", 0), ("sharded", 3)]:
+
+        def make(partition=partition, tile=tile):
+            scale, bias = LogitScale(10.0, learn=True), LogitBias(-10.0, learn=True)
+            objective = RetrievalObjective(siglip, scale, partition=partition, tile_size=tile, logit_bias=bias)
+            return objective, objective  # its trainable_variables: t' and b
+
+        results[f"SigmoidLoss/{partition}/tile{tile}/learn1"] = compare(strategy, make)
     print(json.dumps({"replicas": REPLICAS, "results": results}))
 
 

@@ -1,8 +1,8 @@
 """The objective under 2 and 4 replicas (MirroredStrategy on logical CPUs, in two concurrent subprocesses:
 objective_replicas.py) equals one device: for every registered loss on the replicated dense path, and for the
-softmax family on the tiled, sharded and sharded + tiled paths (bidirectional and learned λ included):
-Σ_r share_r = L and the replicas' gradients (embeddings through all_gather, λ summed over replicas) = dL/d(·) on
-one device. Rows with two positives sit inside and across replicas."""
+softmax family and SigLIP on the tiled, sharded and sharded + tiled paths (bidirectional, learned λ and b
+included): Σ_r share_r = L and the replicas' gradients (embeddings through all_gather, λ and b summed over
+replicas) = dL/d(·) on one device. Rows with two positives sit inside and across replicas."""
 
 import json
 import os
