@@ -4,11 +4,12 @@
 embedding sets and their ids (``[queries, documents, query_ids, doc_ids]`` for unpaired rows), normalises them
 (``normalize=True``), and adds the loss to the model with ``add_loss`` — the same object, paths and λ as the
 two-tower model's step: gather across replicas, dense / tiled (``tile_size``) / sharded (``partition``), learned
-λ (``learn_logit_scale``: a Keras 3 weight ``log_logit_scale`` of this layer, capped at ``max_logit_scale``). It
+λ (``learn_logit_scale``: a Keras 3 weight ``log_logit_scale`` of this layer, capped at ``max_logit_scale``) and
+SigLIP's b (``logit_bias``, ``learn_logit_bias``: the weight ``logit_bias``). It
 returns the logged loss (``L``; sharded: ``R·share_r``) and adds this replica's share (``L / R`` or ``share_r``),
 which Keras sums over replicas. So a Keras 3 two-tower model is ``towers -> this layer``, compiled without a
 ``loss``. The loss is any registered ce_retrieval loss by name, with ``loss_kwargs`` (its hyper-parameters except
-λ, which is ``logit_scale``). Needs the TensorFlow backend.
+λ and b, which are ``logit_scale`` and ``logit_bias``). Needs the TensorFlow backend.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import tensorflow as tf
 
 from ce_retrieval import losses as _losses
 from ce_retrieval.keras._backend import require_tensorflow_backend
-from ce_retrieval.objective import LogitScale, RetrievalObjective
+from ce_retrieval.objective import LogitBias, LogitScale, RetrievalObjective
 
 
 @keras.saving.register_keras_serializable(package="ce_retrieval")
@@ -31,6 +32,7 @@ class RetrievalObjectiveLayer(keras.layers.Layer):
       loss: a registered loss name (``ce_retrieval.losses.available()``).
       loss_kwargs: its hyper-parameters except λ.
       logit_scale, learn_logit_scale, max_logit_scale: λ (fixed, or learned as log λ, capped).
+      logit_bias, learn_logit_bias: b of ``λ·S + b`` for a loss with a bias (SigLIP: -10; None: no bias).
       partition: ``"replicated"`` or ``"sharded"``; tile_size: ``0`` (dense), T or ``"auto"``.
       normalize: L2-normalise both embedding sets first (cosine similarities).
     """
@@ -45,6 +47,8 @@ class RetrievalObjectiveLayer(keras.layers.Layer):
         partition: str = "replicated",
         tile_size: int | str = 0,
         normalize: bool = True,
+        logit_bias: float | None = None,
+        learn_logit_bias: bool = False,
         **kwargs,
     ):
         kwargs.setdefault("dtype", "float32")
@@ -54,8 +58,12 @@ class RetrievalObjectiveLayer(keras.layers.Layer):
         self.learn_logit_scale, self.normalize = bool(learn_logit_scale), bool(normalize)
         self.logit_scale_initial, self.max_logit_scale = float(logit_scale), float(max_logit_scale)
         self.partition, self.tile_size = partition, tile_size
+        self.logit_bias_initial, self.learn_logit_bias = logit_bias, bool(learn_logit_bias)
         cls = _losses.lookup(loss)
-        loss_kwargs = {**self.loss_kwargs, **cls.logit_scale_kwargs(1.0 if learn_logit_scale else logit_scale)}
+        applies_scale = self.learn_logit_scale or self.learn_logit_bias  # the objective multiplies S by λ
+        loss_kwargs = {**self.loss_kwargs, **cls.logit_scale_kwargs(1.0 if applies_scale else logit_scale)}
+        if logit_bias is not None:
+            loss_kwargs.update(cls.logit_bias_kwargs(0.0 if self.learn_logit_bias else logit_bias))
         variable = None
         if self.learn_logit_scale:
             variable = self.add_weight(
@@ -65,7 +73,22 @@ class RetrievalObjectiveLayer(keras.layers.Layer):
                 trainable=True,
             )
         scale = LogitScale(logit_scale, self.learn_logit_scale, max_logit_scale, variable)
-        self.objective = RetrievalObjective(cls(**loss_kwargs), scale, partition=partition, tile_size=tile_size)
+        bias = None
+        if logit_bias is not None:
+            bias_variable = None
+            if self.learn_logit_bias:
+                bias_variable = self.add_weight(
+                    name="logit_bias", shape=(), initializer=keras.initializers.Constant(logit_bias), trainable=True
+                )
+            bias = LogitBias(logit_bias, self.learn_logit_bias, bias_variable)
+        self.objective = RetrievalObjective(
+            cls(**loss_kwargs),
+            scale,
+            partition=partition,
+            tile_size=tile_size,
+            logit_bias=bias,
+            learn_logit_bias=self.learn_logit_bias,
+        )
 
     def call(self, inputs: list) -> tf.Tensor:
         if len(inputs) not in (3, 4):
@@ -88,6 +111,11 @@ class RetrievalObjectiveLayer(keras.layers.Layer):
         """λ (the learned value, capped, if ``learn_logit_scale``)."""
         return self.objective.logit_scale()
 
+    @property
+    def logit_bias(self) -> tf.Tensor | None:
+        """b (the learned value if ``learn_logit_bias``), or None without a bias."""
+        return None if self.objective.logit_bias is None else self.objective.logit_bias()
+
     def compute_output_shape(self, input_shape) -> tuple:
         return ()
 
@@ -102,6 +130,8 @@ class RetrievalObjectiveLayer(keras.layers.Layer):
             "partition": self.partition,
             "tile_size": self.tile_size,
             "normalize": self.normalize,
+            "logit_bias": self.logit_bias_initial,
+            "learn_logit_bias": self.learn_logit_bias,
         }
 
 

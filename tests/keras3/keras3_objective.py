@@ -2,7 +2,7 @@
 
 A two-tower Keras 3 model ``towers -> RetrievalObjectiveLayer`` (learned λ, tiled path with T = 3) compiled without
 a loss: its added loss equals the objective's dense value on the same embeddings, it trains (loss falls, λ moves),
-and the layer's config round-trips.
+and the layer's config round-trips. The same with SigLIP (learned t and b, sharded + tiled on one device).
 """
 
 import json
@@ -35,6 +35,23 @@ want = float(dense(ta, tb, tf.constant(ids, tf.int64)).loss)
 got = float(model([a, b, ids]))
 history = model.fit([a, b, ids], epochs=20, batch_size=N, verbose=0).history["loss"]
 clone = RetrievalObjectiveLayer.from_config(layer.get_config())
+
+siglip = RetrievalObjectiveLayer(
+    "SigmoidLoss",
+    logit_scale=10.0,
+    learn_logit_scale=True,
+    logit_bias=-10.0,
+    learn_logit_bias=True,
+    partition="sharded",
+    tile_size=3,
+)
+siglip_model = keras.Model([qa, qb, qi], siglip([ea, eb, qi]))
+siglip_model.compile(optimizer=keras.optimizers.Adam(0.05))
+ta, tb = (tf.math.l2_normalize(x, -1) for x in embed([a, b]))
+siglip_dense = RetrievalObjective(losses.SigmoidLoss(scale=10.0, bias=-10.0), LogitScale(10.0), logit_bias=-10.0)
+siglip_want = float(siglip_dense(ta, tb, tf.constant(ids, tf.int64)).loss)
+siglip_got = float(siglip_model([a, b, ids]))
+siglip_model.fit([a, b, ids], epochs=10, batch_size=N, verbose=0)
 print(
     json.dumps(
         {
@@ -44,6 +61,12 @@ print(
             "logit_scale": float(layer.logit_scale),
             "weights": [w.path for w in layer.weights],
             "config_round_trip": clone.get_config() == layer.get_config(),
+            "siglip_layer_loss": siglip_got,
+            "siglip_dense_loss": siglip_want,
+            "siglip_bias": float(siglip.logit_bias),
+            "siglip_weights": [w.path for w in siglip.weights],
+            "siglip_round_trip": RetrievalObjectiveLayer.from_config(siglip.get_config()).get_config()
+            == siglip.get_config(),
         }
     )
 )
