@@ -43,4 +43,4 @@ def test_every_path_under_replicas_equals_one_device(results, replicas):
     assert len(result["results"]) > 40
     for name, diffs in result["results"].items():
         for key, value in diffs.items():
-            assert value < 2e-5, (name, key, value)  # float32 sums in another order (measured <= 3e-7 at 2)
+            assert value < 2e-5, (name, key, value)  # float32 sums in another order (measured <= 3e-7 with 2 and 4)
