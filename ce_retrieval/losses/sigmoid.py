@@ -13,9 +13,10 @@ row and N = M this is exactly the paper's loss; several positives per row are ea
 No softmax ties the scores of a row (or of the batch) together: each score is pushed through a fixed sigmoid,
 so ``σ(t·s + b)`` reads as an absolute probability of relevance and one threshold fits every query. The paper
 learns the temperature ``t = exp(t')`` and the bias ``b`` (init ``t' = log 10``, ``b = -10``: the start
-matches the imbalance of ~1 positive against N - 1 negatives per row); the two-tower model owns both, like λ
-(``model.logit_scale`` / ``model.learn_logit_scale``, ``model.logit_bias`` / ``model.learn_logit_bias``, see
-``ce_retrieval/tasks/loss_wiring.py``), and then gives this loss ``scale=1, bias=0``.
+matches the imbalance of ~1 positive against N - 1 negatives per row); the retrieval objective owns both, like λ
+(``ce_retrieval.objective``; config ``model.logit_scale`` / ``model.learn_logit_scale``, ``model.logit_bias`` /
+``model.learn_logit_bias``, see ``ce_retrieval/tasks/loss_wiring.py``), and then gives this loss
+``scale=1, bias=0``.
 
 The sum over S equals the sum over Sᵀ, so ``bidirectional`` is not offered. Computed with ``softplus`` (stable
 for any logit, float32). Each term reads one entry (``needs_gram`` is false). Functional core:
