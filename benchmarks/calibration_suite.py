@@ -230,6 +230,18 @@ def run_scratch(plan: Plan, family: str, label: str, objective, seed: int, out: 
     return _doc("scratch", family, label, objective, seed, result, time.perf_counter() - t0, info), result
 
 
+def _matches(doc: dict, plan: Plan, regime: str, objective) -> bool:
+    """Whether a run on disk was trained as ``plan`` asks (else it is trained again)."""
+    train = doc["config"]["train"]
+    if regime == "heads":
+        wanted = (plan.heads_batch, plan.heads_steps)
+    else:
+        wanted = (plan.scratch_batch, plan.scratch_epochs * plan.scratch_steps_per_epoch)
+    return (train["batch_size"], train["steps"]) == wanted and doc["config"]["objective"] == json.loads(
+        json.dumps(objective.describe())
+    )
+
+
 def _objectives(names, recipe) -> dict:
     out = {}
     for name in names:
@@ -269,8 +281,10 @@ def run_plan(plan: Plan, out: str, recipe=None, rerun: bool = False, log=print) 
                     path = os.path.join(out, "runs", regime, family, f"{label}-seed{seed}.json")
                     if os.path.exists(path) and not rerun:
                         with open(path) as f:
-                            docs.append(json.load(f))
-                        continue
+                            cached = json.load(f)
+                        if _matches(cached, plan, regime, objective):
+                            docs.append(cached)
+                            continue
                     if state is None:
                         if regime == "heads":
                             state = build_family_features(
@@ -309,7 +323,8 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="= --plan quick: one tiny family, 2 seeds, few steps")
     parser.add_argument("--families", nargs="*", choices=FAMILIES, default=None)
     parser.add_argument("--regimes", nargs="*", choices=REGIMES, default=None)
-    parser.add_argument("--objectives", nargs="*", default=None, help="both regimes' objectives (default: the plan's)")
+    parser.add_argument("--objectives", nargs="*", default=None, help="heads-regime objectives (default: the plan's)")
+    parser.add_argument("--scratch_objectives", nargs="*", default=None, help="scratch-regime objectives")
     parser.add_argument("--seeds", type=int, default=None)
     parser.add_argument("--heads_steps", type=int, default=None)
     parser.add_argument("--recipe", default=None, help='JSON: {"loss": name, "kwargs": {...}, "regularizer": name}')
@@ -321,7 +336,7 @@ def main(argv=None) -> int:
         "families": tuple(args.families) if args.families else None,
         "regimes": tuple(args.regimes) if args.regimes else None,
         "heads_objectives": tuple(args.objectives) if args.objectives else None,
-        "scratch_objectives": tuple(args.objectives) if args.objectives else None,
+        "scratch_objectives": tuple(args.scratch_objectives) if args.scratch_objectives else None,
         "seeds": args.seeds,
         "heads_steps": args.heads_steps,
     }

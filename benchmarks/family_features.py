@@ -25,10 +25,14 @@ from benchmarks.pretrained_features import _embed, _feature_model, _pretrain
 
 @dataclasses.dataclass(frozen=True)
 class PretrainConfig:
-    """Feature pretraining: passes over the images / captions, batch, seed, distractor count."""
+    """Feature pretraining: passes over the images / captions, batch, seed, distractor count.
 
-    image_epochs: int = 3
-    caption_epochs: int = 1
+    The defaults give each tower about the optimizer steps of ``pretrained_features.FeatureConfig`` (~310 at batch
+    128) on a family of 3,000 training images x 5 captions; with fewer (3 and 1 passes: ~70 and ~120 steps) the
+    attribute bit accuracy stays at the all-zero baseline (0.91 / 0.88) and no objective gets past 2 % PR-AUC."""
+
+    image_epochs: int = 13
+    caption_epochs: int = 3
     pretrain_batch: int = 128
     pretrain_seed: int = 0
     num_distractors: int = 500

@@ -145,13 +145,15 @@ def evaluate(cfg, model, base_cfg, workdir: str, eval_dir: str):
 
 def index_test_gallery(model, test, val, export_dir: str, version: int) -> dict:
     """The index stage: the test images embedded with the trained image tower, indexed next to export
-    ``version``, with thresholds calibrated on the validation split."""
+    ``version``, with thresholds and the score -> P(relevant) map calibrated on the validation split."""
     from ce_retrieval.evaluation.calibration import global_pr_auc
     from ce_retrieval.evaluation.embed import embed_split, embed_strings
+    from ce_retrieval.evaluation.probability import fit_probability_map
     from ce_retrieval.serving.index import build_index
 
     val_q, val_d, val_qids, val_dids = embed_split(model.text_encoder, model.image_encoder, val)
     calibration = global_pr_auc(val_q, val_d, val_qids, val_dids)
+    probability = fit_probability_map(val_q, val_d, val_qids, val_dids).to_json()
     gallery, gallery_ids = embed_strings(model.image_encoder, test.images), test.image_ids
     manifest = build_index(
         gallery,
@@ -161,6 +163,7 @@ def index_test_gallery(model, test, val, export_dir: str, version: int) -> dict:
         thresholds=calibration,
         queries=val_q,
         gallery_info={"split": "test"},
+        probability=probability,
     )
     print(
         f"[demo] index: {manifest.get('num_items', len(gallery_ids))} images, "
@@ -268,6 +271,8 @@ def side_by_side(reports: dict, models: dict, test, eval_dir: str) -> str:
     rows += [
         ("mean |achieved - promised| (points)", "mean_calibration_error", True),
         ("relative spread of per-query thresholds", "relative_threshold_spread", False),
+        ("P(relevant | score) map: ECE (points)", "probability_ece", True),
+        ("  ECE where p >= 0.1 (points)", "probability_ece_top", True),
     ]
     width = max(len(r[0]) for r in rows)
     print("\n[demo] calibration, side by side (test split; thresholds chosen on the validation split):")

@@ -6,7 +6,8 @@ next to an export (:func:`ce_retrieval.serving.index.build_index`, or with ``--s
 file names become ids) or a TFRecord file pattern; the images are embedded here with the exported image encoder.
 ``--embeddings`` is the output folder of the Beam embedding pipeline (``ce_retrieval.serving.pipeline``), which
 embedded a large gallery already; it is refused unless its model fingerprint is this export version's.
-Thresholds come from ``--thresholds_json`` or are calibrated on ``--calibration_split``.
+Thresholds come from ``--thresholds_json`` or are calibrated on ``--calibration_split``; with a calibration split
+the score -> P(relevant) map (``ce_retrieval.evaluation.probability``) is fitted on it too and stored beside them.
 """
 
 from __future__ import annotations
@@ -155,7 +156,7 @@ def run(args) -> int:
         ids = np.concatenate([np.asarray(ids, dtype=np.int64), -np.arange(1, len(extra) + 1)])
         info["distractors"] = len(extra)
 
-    thresholds, queries = None, None
+    thresholds, queries, probability = None, None, None
     if args.thresholds_json:
         with open(args.thresholds_json, encoding="utf-8") as f:
             report = json.load(f)
@@ -165,6 +166,7 @@ def run(args) -> int:
     if args.calibration_split:
         from ce_retrieval.data import load_retrieval_split
         from ce_retrieval.evaluation.calibration import global_pr_auc
+        from ce_retrieval.evaluation.probability import fit_probability_map
 
         if image_fn is None:
             _, image_fn = load_signature(image_dir)
@@ -174,6 +176,7 @@ def run(args) -> int:
         cal_docs = _embed_batches(image_fn, IMAGE_INPUT, list(cal.images), args.batch_size)
         if thresholds is None:
             thresholds = global_pr_auc(queries, cal_docs, cal.caption_ids, cal.image_ids)["threshold_at_precision"]
+        probability = fit_probability_map(queries, cal_docs, cal.caption_ids, cal.image_ids).to_json()
         info["calibration_split"] = args.calibration_split
     params = IndexParams(num_leaves=args.num_leaves, leaves_to_search=args.leaves_to_search)
     common = dict(
@@ -184,6 +187,7 @@ def run(args) -> int:
         params=params,
         overwrite=args.overwrite,
         gallery_info=info,
+        probability=probability,
     )
     if args.shards > 1:
         manifest = build_sharded_index(

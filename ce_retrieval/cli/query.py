@@ -1,5 +1,6 @@
-"""``ce-retrieval query --export_dir E --text "..." [--k K | --threshold T | --precision P]``: text -> image search
-over the newest servable export version (:class:`ce_retrieval.serving.searcher.Searcher`), printed hit by hit."""
+"""``ce-retrieval query --export_dir E --text "..." [--k K | --threshold T | --precision P | --min_probability M]
+[--exact]``: text -> image search over the newest servable export version
+(:class:`ce_retrieval.serving.searcher.Searcher`), printed hit by hit."""
 
 from __future__ import annotations
 
@@ -14,23 +15,42 @@ def add_arguments(parser) -> None:
     mode.add_argument("--k", type=int, default=None, help="top-k search (default 5)")
     mode.add_argument("--threshold", type=float, default=None, help="every image with score >= this cosine score")
     mode.add_argument("--precision", type=float, default=None, help="use the threshold calibrated for this precision")
+    mode.add_argument(
+        "--min_probability", type=float, default=None, help="every image whose P(relevant | score) >= this"
+    )
     parser.add_argument("--limit", type=int, default=100, help="at most this many threshold hits per text")
+    parser.add_argument("--exact", action="store_true", help="exact threshold search (default: the index's)")
 
 
 def run(args) -> int:
     from ce_retrieval.serving.searcher import Searcher
 
     searcher = Searcher.load(args.export_dir, args.version)
-    k = args.k if args.k is not None or args.threshold is not None or args.precision is not None else 5
-    results = searcher.search(args.text, k, threshold=args.threshold, precision=args.precision, limit=args.limit)
-    tau = args.threshold if args.precision is None else searcher.threshold_for_precision(args.precision)
+    threshold_modes = (args.threshold, args.precision, args.min_probability)
+    k = args.k if args.k is not None or any(m is not None for m in threshold_modes) else 5
+    results = searcher.search(
+        args.text,
+        k,
+        threshold=args.threshold,
+        precision=args.precision,
+        min_probability=args.min_probability,
+        limit=args.limit,
+        exact=args.exact,
+    )
+    tau = args.threshold
+    if args.precision is not None:
+        tau = searcher.threshold_for_precision(args.precision)
+    if args.min_probability is not None:
+        tau = searcher.threshold_for_probability(args.min_probability)
     print(
         f"export version {searcher.version}, {len(searcher.index)} gallery items"
         + (f", threshold {tau:.4f}" if tau is not None else "")
     )
     for text, res in zip(args.text, results, strict=True):
         print(f"{text!r}: {len(res.ids)} hit(s){' (truncated)' if res.truncated else ''}")
-        for rank, (i, s, p) in enumerate(zip(res.ids, res.scores, res.precision_levels, strict=True), 1):
+        probs = res.probabilities or [None] * len(res.ids)
+        for rank, (i, s, p, pr) in enumerate(zip(res.ids, res.scores, res.precision_levels, probs, strict=True), 1):
             level = f"  precision>={p:g}" if p is not None else ""
-            print(f"  {rank:>3}. id {int(i):>10}  score {float(s):.4f}{level}")
+            chance = f"  P(relevant) {pr:.3f}" if pr is not None else ""
+            print(f"  {rank:>3}. id {int(i):>10}  score {float(s):.4f}{level}{chance}")
     return 0

@@ -1,6 +1,7 @@
-"""``ce-retrieval report a.json b.json ... [--markdown M] [--plot P] [--reliability R]``: evaluation JSONs side
-by side in the layout of the paper's Table 1 (the table, its columns and the plots are
-:mod:`ce_retrieval.evaluation.report`'s)."""
+"""``ce-retrieval report a.json b.json ... [--markdown M] [--plot P] [--reliability R] [--probability Q]``:
+evaluation JSONs side by side in the layout of the paper's Table 1 (the table, its columns and the plots are
+:mod:`ce_retrieval.evaluation.report`'s), then the probability maps' calibration error per run
+(:mod:`ce_retrieval.evaluation.probability_report`)."""
 
 from __future__ import annotations
 
@@ -18,9 +19,15 @@ def add_arguments(parser) -> None:
         default=None,
         help="also write promised vs achieved precision of all runs (calibration transfer) to this PNG",
     )
+    parser.add_argument(
+        "--probability",
+        default=None,
+        help="also write the reliability diagrams of all runs' P(relevant | score) maps to this PNG",
+    )
 
 
 def run(args) -> int:
+    from ce_retrieval.evaluation.probability_report import format_probability, plot_probability_report
     from ce_retrieval.evaluation.report import (
         format_markdown,
         format_table,
@@ -31,6 +38,9 @@ def run(args) -> int:
 
     results = load_results(args.files)
     print(format_table(results))
+    probability = format_probability(results)
+    if probability:
+        print("\n" + probability)
     if args.markdown:
         from ce_retrieval.utils.atomic import atomic_write_text
 
@@ -42,4 +52,7 @@ def run(args) -> int:
     if args.reliability:
         plot_reliability_report(results, args.reliability)
         print(f"wrote {args.reliability}", file=sys.stderr)
+    if args.probability:
+        plot_probability_report(results, args.probability)
+        print(f"wrote {args.probability}", file=sys.stderr)
     return 0

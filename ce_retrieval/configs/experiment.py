@@ -61,8 +61,12 @@ class TrainConfig:
     embedding_chunk: int | None = None
     # Loss partition over replicas: replicated (every replica computes the whole [B, B] loss; OpenCLIP
     # local_loss=False) | sharded (each replica its own B/R rows against the gathered images, shares summed: same
-    # gradient, R x less loss work; OpenCLIP local_loss=True; the four softmax.py losses only; docs/architecture.md)
+    # gradient, R x less loss work; OpenCLIP local_loss=True; losses that supports_sharded; docs/losses.md)
     loss_partition: str = "replicated"
+    # Loss over column tiles of this many documents, without the [B, B] matrix (O(B·T) memory, same value and
+    # gradients; losses that supports_tiled): 0 = dense (default) | T | auto (tiled above 2^26 logits, i.e.
+    # B > 8192; dense for a loss without a tiled path); composes with loss_partition and embedding_chunk
+    loss_tile_size: int | str = 0
     seed: int = 0
     deterministic: bool = True  # tf.config.experimental.enable_op_determinism(): same seed, same model (slower on GPU)
     backup_every_steps: int = 50  # BackupAndRestore frequency (resume after a kill loses at most this many steps)
@@ -84,6 +88,12 @@ class TrainConfig:
             )
         if self.loss_partition not in ("replicated", "sharded"):
             raise ValueError(f"train.loss_partition must be 'replicated' or 'sharded', got {self.loss_partition!r}")
+        tile = self.loss_tile_size
+        if tile != "auto" and (isinstance(tile, bool) or not isinstance(tile, int) or tile < 0):
+            raise ValueError(
+                f"train.loss_tile_size must be 0 (dense), a positive tile width or 'auto' (tiled above 2^26 logits), "
+                f"got {tile!r}"
+            )
         if self.mixed_precision not in PRECISIONS:
             raise ValueError(f"train.mixed_precision must be one of {PRECISIONS}, got {self.mixed_precision!r}")
         if self.batch_size < 2:

@@ -2,7 +2,9 @@
 
 Metrics take embeddings + ids (NumPy or tensors). See docs in each module: ``calibration`` (exact streamed
 PR-AUC), ``transfer`` (do thresholds calibrated on one split keep their precision on another; per-query threshold
-spread), ``opis`` (operating-point inconsistency: how unequally one threshold serves the queries), ``retrieval``
+spread), ``opis`` (operating-point inconsistency: how unequally one threshold serves the queries), ``probability``
+(isotonic score -> P(relevant) map, its ECE and reliability diagram; ``probability_report`` prints runs side by
+side), ``retrieval``
 (Recall@K, distractors, ANN loss), ``search`` (exact chunked top-k), ``ann`` (ScaNN), ``labelled`` (Recall@K,
 MAP@R, NMI of labelled embeddings), ``embed``, ``evaluate`` (JSON + plots), ``callback`` and ``labelled_callback``
 (Keras), ``plots``, ``report`` (tables of evaluation JSONs). The ``evaluate`` and ``report`` commands are in

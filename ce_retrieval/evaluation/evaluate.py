@@ -11,6 +11,8 @@
   thresholds for the precisions ``RELIABILITY_LEVELS``,
 * optionally, given thresholds calibrated on another split (``calibration_split``, usually validation), the
   precision each achieves on this split (``transfer``: the promise a shipped threshold makes, checked),
+* with a calibration split, the score -> P(relevant) map fitted there (``probability``) measured here: expected
+  calibration error, overall and per query group, and its reliability diagram,
 
 and, given ``output_dir``, writes ``eval_<split>.json`` (figures, config, git commit, dataset fingerprint,
 run name) and the plots (``pr_curve_<split>.png``, ``score_distribution_<split>.png``,
@@ -33,6 +35,7 @@ import numpy as np
 from ce_retrieval.evaluation.calibration import global_pr_auc
 from ce_retrieval.evaluation.embed import embed_split, embed_strings
 from ce_retrieval.evaluation.opis import operating_point_inconsistency, opis_summary
+from ce_retrieval.evaluation.probability import PROBABILITY_AXES, ProbabilityMap, fit_probability_map, reliability
 from ce_retrieval.evaluation.retrieval import ann_recall_loss, recall_at_k, recall_with_distractors
 from ce_retrieval.evaluation.search import exact_search
 from ce_retrieval.evaluation.transfer import (
@@ -100,9 +103,10 @@ def evaluate_embeddings(
     distractor_ks=(1, 5, 10, 100),
     ann_search_fn=None,
     calibration_thresholds: dict | None = None,
+    probability_map: ProbabilityMap | None = None,
 ) -> dict:
     """All metrics from embeddings: ``{"recall", "calibration", "distractors" (or None), "ann" (or None),
-    "query_thresholds", "opis", "transfer" (or None)}``.
+    "query_thresholds", "opis", "transfer" (or None), "probability" (or None)}``.
 
     ``calibration`` reports thresholds for every precision of ``RELIABILITY_LEVELS``; their span is the range
     over which ``opis`` (:func:`~ce_retrieval.evaluation.opis.operating_point_inconsistency`) integrates.
@@ -122,7 +126,10 @@ def evaluate_embeddings(
             query_emb, doc_emb, query_ids, doc_ids, calibration["threshold_at_precision"]
         ),
         "transfer": None,
+        "probability": None,
     }
+    if probability_map is not None:  # fitted on another split: its calibration here (ECE, reliability diagram)
+        metrics["probability"] = reliability(probability_map, query_emb, doc_emb, query_ids, doc_ids)
     if calibration_thresholds is not None:
         metrics["transfer"] = threshold_transfer(calibration_thresholds, query_emb, doc_emb, query_ids, doc_ids)
     if distractor_emb is not None:
@@ -153,6 +160,8 @@ def summary(metrics: dict) -> dict:
             out[f"dis_t2i_r{k}"] = v
     out.update(calibration_summary(metrics.get("transfer"), metrics.get("query_thresholds")))
     out.update(opis_summary(metrics.get("opis")))
+    prob = metrics.get("probability") or {}
+    out["probability_ece"], out["probability_ece_top"] = prob.get("ece"), prob.get("ece_top")
     return out
 
 
@@ -201,10 +210,10 @@ def evaluate_model(
     embed_seconds = time.perf_counter() - start
     fingerprint = dataset_fingerprint(split)
     seconds = {"embed": embed_seconds}
-    calibration_source = None
+    calibration_source, probability_map = None, None
     if calibration_split is not None:
         t0 = time.perf_counter()
-        calibration_thresholds, calibration_source = _calibrate(
+        calibration_thresholds, calibration_source, probability_map = _calibrate(
             text_encoder, image_encoder, calibration_split, batch_size
         )
         calibration_source["same_as_evaluated"] = calibration_source["dataset_fingerprint"] == fingerprint
@@ -219,6 +228,7 @@ def evaluate_model(
         distractor_ks=distractor_ks,
         ann_search_fn=None if ann_factory is None else ann_factory(doc_emb),
         calibration_thresholds=calibration_thresholds,
+        probability_map=probability_map,
     )
     result = {
         "schema_version": SCHEMA_VERSION,
@@ -258,19 +268,26 @@ def evaluate_model(
     return _jsonable(result)
 
 
-def _calibrate(text_encoder, image_encoder, calibration_split, batch_size) -> tuple[dict, dict]:
-    """Thresholds for ``RELIABILITY_LEVELS`` calibrated on ``calibration_split``, and a record of that split."""
+def _calibrate(text_encoder, image_encoder, calibration_split, batch_size) -> tuple[dict, dict, ProbabilityMap]:
+    """Thresholds for ``RELIABILITY_LEVELS`` calibrated on ``calibration_split``, a record of that split (with the
+    probability map), and the score -> P(relevant) map fitted on it."""
     q, d, qi, di = embed_split(text_encoder, image_encoder, calibration_split, batch_size)
     cal = global_pr_auc(q, d, qi, di, target_precisions=RELIABILITY_LEVELS)
     thresholds = cal["threshold_at_precision"]
-    return thresholds, {
-        "name": calibration_split.name,
-        "dataset_fingerprint": dataset_fingerprint(calibration_split),
-        "num_captions": len(calibration_split.captions),
-        "num_images": len(calibration_split.images),
-        "pr_auc": cal["pr_auc"],
-        "threshold_at_precision": thresholds,
-    }
+    pmap = fit_probability_map(q, d, qi, di)
+    return (
+        thresholds,
+        {
+            "name": calibration_split.name,
+            "dataset_fingerprint": dataset_fingerprint(calibration_split),
+            "num_captions": len(calibration_split.captions),
+            "num_images": len(calibration_split.images),
+            "pr_auc": cal["pr_auc"],
+            "threshold_at_precision": thresholds,
+            "probability_map": pmap.to_json(),
+        },
+        pmap,
+    )
 
 
 def _write_plots(
@@ -313,5 +330,14 @@ def _write_plots(
             {run_name: reliability_curve(metrics["transfer"])},
             os.path.join(output_dir, f"reliability_{_file_tag(split.name)}.png"),
             title=f"Thresholds calibrated {source}: promised vs achieved precision on {split.name}",
+        )
+    if metrics.get("probability"):
+        bins = metrics["probability"]["bins"]
+        predicted = [np.nan if v is None else v for v in bins["predicted"]]  # None: an empty bin
+        files["probability_reliability"] = plots.plot_reliability(
+            {run_name: {"promised": predicted, "achieved": bins["observed"]}},
+            os.path.join(output_dir, f"probability_reliability_{_file_tag(split.name)}.png"),
+            title=f"P(relevant | score) fitted on {calibration_name}: predicted vs observed on {split.name}",
+            axes=PROBABILITY_AXES,
         )
     return files

@@ -156,8 +156,10 @@ def plot_reliability(
     curves: dict,
     path: str,
     title: str = "Thresholds calibrated on validation: promised vs achieved precision on test",
+    axes: tuple[str, str] = ("promised precision (target of the calibrated threshold)", "achieved precision"),
 ) -> str:
-    """Reliability diagram; returns ``path``.
+    """Reliability diagram; returns ``path``. ``axes``: the x and y labels (a probability map's diagram plots
+    predicted probability against the observed share of relevant pairs).
 
     ``curves``: ``{label: {"promised": [...], "achieved": [...], "std": [...] (optional)}}``, e.g.
     ``transfer.reliability_curve(metrics["transfer"])`` or a mean over seeds with their standard deviation
@@ -191,13 +193,7 @@ def plot_reliability(
                 promised[band], (achieved - std)[band], (achieved + std)[band], color=color, alpha=0.2, linewidth=0
             )
     ax.set_aspect("equal")
-    _finish_unit_square(
-        ax,
-        "promised precision (target of the calibrated threshold)",
-        "achieved precision",
-        title,
-        legend_loc="upper left",
-    )
+    _finish_unit_square(ax, axes[0], axes[1], title, legend_loc="upper left")
     return _save(fig, path)
 
 

@@ -4,14 +4,17 @@
 defaults as the tf_keras one, computing through it (one implementation; see :mod:`ce_retrieval.keras.losses` for
 the conventions and the id form of ``y_true``; ``AngularSoftmax`` anneals with :class:`AnnealingStepCallback`).
 :class:`SimilarityMatrix` turns two embedding sets into the cosine matrix ``S`` that the losses read, so an
-ordinary two-input Keras 3 model trains with ``model.compile(loss=CrossExampleSoftmax())``. The losses need the
-TensorFlow backend; the layer runs on any backend.
+ordinary two-input Keras 3 model trains with ``model.compile(loss=CrossExampleSoftmax())``.
+:class:`RetrievalObjectiveLayer` is the two-tower model's whole objective instead (embeddings and ids -> loss,
+``add_loss``; gather, tiled / sharded paths, learned λ: :mod:`ce_retrieval.keras.objective`). The losses and the
+objective layer need the TensorFlow backend; ``SimilarityMatrix`` runs on any backend.
 """
 
 from ce_retrieval.keras import losses
 from ce_retrieval.keras.callbacks import AnnealingStepCallback
 from ce_retrieval.keras.layers import SimilarityMatrix
 from ce_retrieval.keras.losses import EXCLUDED, LOSSES, RetrievalLoss, available, get
+from ce_retrieval.keras.objective import RetrievalObjectiveLayer
 
 globals().update(LOSSES)
 
@@ -20,6 +23,7 @@ __all__ = [
     "EXCLUDED",
     "LOSSES",
     "RetrievalLoss",
+    "RetrievalObjectiveLayer",
     "SimilarityMatrix",
     "available",
     "get",

@@ -119,6 +119,11 @@ class RetrievalLoss(tf_keras.losses.Loss):
     #: S must be the Gram matrix X·Xᵀ of one embedding set (the two-tower task passes the joint Gram matrix of
     #: [text; image] embeddings).
     needs_gram: bool = False
+    #: has an exact column-tiled path from embeddings (:meth:`tiled_loss`, ``tiled.py``: no ``[N, M]`` matrix).
+    supports_tiled: bool = False
+    #: can be sharded over replicas (:meth:`sharded_share`: each replica's rows against the gathered documents,
+    #: the replicas' shares summing to the loss; ``sharded.py``).
+    supports_sharded: bool = False
 
     @classmethod
     def logit_scale_kwargs(cls, scale: float) -> dict:

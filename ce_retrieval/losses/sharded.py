@@ -9,6 +9,7 @@ the gathered documents D (all B, ``gather_from_replicas``, differentiable). With
     share_r = 1/|P| Σ_{(i,j) ∈ P_r} softplus(log Z_i - l_ij),   |P| = Σ_r |P_r|    (all-reduced, no gradient)
     Σ_r share_r = L
 
+(p_ij = l_ij, or λ ψ(s_ij) for the margin softmaxes: the margin touches a row's own positives, so it is local)
 and the gradient of ``Σ_r share_r`` is dL/dθ because every cross-replica combine below is differentiable
 (its gradient sums the replicas' upstream gradients) and Keras sums the replicas' variable gradients.
 
@@ -22,11 +23,13 @@ and the gradient of ``Σ_r share_r`` is dL/dθ because every cross-replica combi
   threshold and tie counts #{> t}, #{= t} as on one device, so ties share the weight (k - #{> t}) / #{= t}
   exactly as in the dense loss.
 
-Cross-replica combines use ``gather_from_replicas`` (an ``all_gather`` with a SUM all-reduce as gradient, placed
-for ``MultiWorkerMirroredStrategy``) of per-replica scalars or histograms. (In TF 2.20 ``ReplicaContext.all_reduce``
-is differentiable too for SUM/MEAN: its custom gradient all-reduces the upstream with the same op; for MAX that
-"gradient" would be wrong, which is why the maxima here are ``stop_gradient``-ed.) Outside a replica context,
-or with one replica, the share is the dense loss (``softmax_core.softmax_loss``).
+The same combines stream over column tiles in ``tiled.py`` (``across_replicas=True``: sharded + tiled).
+Cross-replica combines use ``gather_from_replicas`` (:mod:`ce_retrieval.utils.replicas`: an ``all_gather`` with a
+SUM all-reduce as gradient, placed for ``MultiWorkerMirroredStrategy``) of per-replica scalars or histograms.
+(In TF 2.20 ``ReplicaContext.all_reduce`` is differentiable too for SUM/MEAN: its custom gradient all-reduces the
+upstream with the same op; for MAX that "gradient" would be wrong, which is why the maxima here are
+``stop_gradient``-ed.) Outside a replica context, or with one replica, the share is the dense loss
+(``softmax_core.softmax_loss``).
 """
 
 from __future__ import annotations
@@ -36,23 +39,9 @@ import tensorflow as tf
 from ce_retrieval.losses.fast_paths import GLOBAL_PASSES, _find_bin, _histogram, key_to_float32, ordered_int32_key
 from ce_retrieval.losses.relevance import IRRELEVANT, RELEVANT
 from ce_retrieval.losses.softmax_core import check_scale, mining_k, negative_log_partition, resolve_mining
+from ce_retrieval.utils.replicas import replica_sum, stack_from_replicas
 
 _NEG_INF = float("-inf")
-
-#: The four losses of ``softmax.py`` that a sharded train step supports (no margins, one direction).
-SHARDED_LOSSES = ("SampledSoftmax", "StochasticNegativeMining", "CrossExampleSoftmax", "CrossExampleNegativeMining")
-
-
-def _gather(x: tf.Tensor) -> tf.Tensor:
-    """``x`` of every replica stacked on a new axis 0 (``[R, ...]``); differentiable (SUM of upstreams)."""
-    from ce_retrieval.modeling.similarity import gather_from_replicas  # noqa: PLC0415 (modeling imports losses)
-
-    return gather_from_replicas(x[None])
-
-
-def replica_sum(x: tf.Tensor) -> tf.Tensor:
-    """Σ_r x_r over the replicas (x itself outside a replica context); differentiable."""
-    return tf.reduce_sum(_gather(x), axis=0)
 
 
 def sharded_softmax_loss(
@@ -62,6 +51,7 @@ def sharded_softmax_loss(
     cross_example: bool = False,
     negative_fraction: float | None = None,
     top_k: int | None = None,
+    positive_cosine=None,
     owner: str = "sharded_softmax_loss",
 ) -> tf.Tensor:
     """This replica's share of the global softmax-family loss (module docstring); Σ_r share_r = L.
@@ -71,6 +61,8 @@ def sharded_softmax_loss(
       scale: logit scale λ (logits ``λ·S``).
       cross_example: ``Neg`` = every negative of the global batch (eq. 5) instead of the row's (eq. 2).
       negative_fraction, top_k: mining (eqs. 3 and 6); at most one; ``None`` for both: every negative.
+      positive_cosine: the margin of the margin softmaxes (``c -> ψ(c)`` on the positives' scores before ``scale``,
+        as in ``softmax_core.softmax_loss``); ``None``: no margin. Row-local, so it shards like the rest.
       owner: the name in error messages.
     """
     scale = check_scale(scale, owner)
@@ -82,7 +74,8 @@ def sharded_softmax_loss(
         log_partition = _global_log_partition(logits, negatives, negative_fraction, top_k)  # [1, 1]
     else:  # per row: every row's negatives (and its top k) are on this replica
         log_partition = negative_log_partition(logits, negatives, False, negative_fraction, top_k)  # [n, 1]
-    per_pair = tf.math.softplus(log_partition - logits)
+    positive_logits = logits if positive_cosine is None else scale * positive_cosine(tf.cast(scores_local, tf.float32))
+    per_pair = tf.math.softplus(log_partition - positive_logits)
     local = tf.reduce_sum(tf.where(positives, per_pair, tf.zeros_like(per_pair)))
     num_positive = replica_sum(tf.stop_gradient(tf.reduce_sum(tf.cast(positives, tf.float32))))
     return local / tf.maximum(num_positive, 1.0)
@@ -100,7 +93,7 @@ def _global_log_partition(logits, negatives, negative_fraction, top_k):
     if negative_fraction is not None or top_k is not None:
         exp = exp * _global_top_k_weights(masked, negatives, negative_fraction, top_k)
     total_local = tf.reduce_sum(tf.reduce_sum(exp, axis=-1), axis=0)
-    parts = _gather(tf.stack([peak_local, total_local]))  # [R, 2]; gradient flows into the sums only
+    parts = stack_from_replicas(tf.stack([peak_local, total_local]))  # [R, 2]; gradient flows into the sums only
     peaks, totals = tf.stop_gradient(parts[:, 0]), parts[:, 1]
     peak = tf.reduce_max(peaks)  # -inf on a replica without negatives (its total is 0)
     safe_peak = tf.where(peak > _NEG_INF, peak, 0.0)
@@ -161,4 +154,4 @@ def global_kth_largest(
     return value[0], greater[0], equal[0]
 
 
-__all__ = ["SHARDED_LOSSES", "global_kth_largest", "replica_sum", "sharded_softmax_loss"]
+__all__ = ["global_kth_largest", "replica_sum", "sharded_softmax_loss"]

@@ -13,13 +13,19 @@ row and N = M this is exactly the paper's loss; several positives per row are ea
 No softmax ties the scores of a row (or of the batch) together: each score is pushed through a fixed sigmoid,
 so ``σ(t·s + b)`` reads as an absolute probability of relevance and one threshold fits every query. The paper
 learns the temperature ``t = exp(t')`` and the bias ``b`` (init ``t' = log 10``, ``b = -10``: the start
-matches the imbalance of ~1 positive against N - 1 negatives per row); the two-tower model owns both, like λ
-(``model.logit_scale`` / ``model.learn_logit_scale``, ``model.logit_bias`` / ``model.learn_logit_bias``, see
-``ce_retrieval/tasks/loss_wiring.py``), and then gives this loss ``scale=1, bias=0``.
+matches the imbalance of ~1 positive against N - 1 negatives per row); the retrieval objective owns both, like λ
+(``ce_retrieval.objective``; config ``model.logit_scale`` / ``model.learn_logit_scale``, ``model.logit_bias`` /
+``model.learn_logit_bias``, see ``ce_retrieval/tasks/loss_wiring.py``), and then gives this loss
+``scale=1, bias=0``.
 
 The sum over S equals the sum over Sᵀ, so ``bidirectional`` is not offered. Computed with ``softplus`` (stable
 for any logit, float32). Each term reads one entry (``needs_gram`` is false). Functional core:
 :func:`sigmoid_loss`.
+
+Every path of the retrieval objective (``ce_retrieval.objective``): the terms of a row need nothing from other
+rows but N, so the sharded share of replica r is ``1/N Σ_{i ∈ rows_r} Σ_j softplus(...)`` with N summed over
+replicas (:meth:`SigmoidLoss.sharded_share`), and the tiled path streams column tiles with the gradient recomputed
+tile by tile (``tiled_sigmoid.py``; sharded + tiled likewise).
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ import tensorflow as tf
 from ce_retrieval.losses._masked import pair_masks
 from ce_retrieval.losses.base import RetrievalLoss
 from ce_retrieval.losses.registry import register
+from ce_retrieval.losses.tiled_sigmoid import tiled_sigmoid_loss
+from ce_retrieval.utils.replicas import replica_sum
 
 #: the paper's initial temperature t = exp(log 10) and bias b
 SIGLIP_SCALE = 10.0
@@ -70,11 +78,44 @@ class SigmoidLoss(RetrievalLoss):
     has_logit_scale = True
     has_logit_bias = True
     supports_bidirectional = False  # Σ over S equals Σ over Sᵀ
+    supports_tiled = True
+    supports_sharded = True
 
     def __init__(self, scale: float = SIGLIP_SCALE, bias: float = SIGLIP_BIAS, **kwargs):
         scale, bias = _check(scale, bias, "SigmoidLoss")
         super().__init__(**kwargs)
         self.scale, self.bias = scale, bias
+
+    def sharded_share(self, relevance_local, scores_local) -> tf.Tensor:
+        """This replica's share ``1/N Σ_{its rows} Σ_j softplus(-z (t·s + b))`` of the loss over every replica's
+        rows (N: all replicas' rows, no gradient); the shares sum to the loss of the whole batch."""
+        rows = tf.cast(tf.shape(scores_local)[0], tf.float32)
+        local_sum = sigmoid_loss(relevance_local, tf.cast(scores_local, tf.float32), self.scale, self.bias) * rows
+        return local_sum / tf.maximum(tf.reshape(replica_sum(tf.stop_gradient(rows)), []), 1.0)
+
+    def tiled_loss(
+        self,
+        query_emb,
+        doc_emb,
+        query_ids,
+        doc_ids,
+        tile_size: int | None = None,
+        ignore_negative_ids: bool = False,
+        across_replicas: bool = False,
+    ) -> tf.Tensor:
+        """This loss by the tiled path (``tiled_sigmoid.tiled_sigmoid_loss``: no ``[N, M]`` logits, forward or
+        backward); ``across_replicas``: this replica's share of the loss of every replica's rows."""
+        return tiled_sigmoid_loss(
+            query_emb,
+            doc_emb,
+            query_ids,
+            doc_ids,
+            self.scale,
+            self.bias,
+            tile_size,
+            ignore_negative_ids,
+            across_replicas,
+        )
 
 
 __all__ = ["SIGLIP_BIAS", "SIGLIP_SCALE", "SigmoidLoss"]

@@ -161,10 +161,14 @@ class SoftmaxFamilyLoss(RetrievalLoss):
 
     #: default ``negative_fraction`` when neither it nor ``top_k`` is given (``None``: no mining).
     default_negative_fraction: float | None = None
-    #: ``from_embeddings`` may run the tiled path (``tiled.py``): every class of ``softmax.py`` and
-    #: ``margin_softmax.py`` (a margin class's ``positive_cosine`` is the tiled path's margin). A subclass whose
-    #: loss is not the pipeline's sets it to False, which refuses ``tile_size``.
+    #: ``from_embeddings`` may run the tiled path (``tiled.py``) and a train step may shard the loss
+    #: (``sharded.py``): every class of ``softmax.py`` and ``margin_softmax.py`` (a margin class's
+    #: ``positive_cosine`` is both paths' margin). A subclass whose loss is not the pipeline's sets them to False,
+    #: which refuses ``tile_size`` and ``loss_partition='sharded'``.
     supports_tiled: bool = True
+    supports_sharded: bool = True
+    #: the margin of step 1, a method ``c -> margined c`` in the margin classes; ``None``: no margin.
+    positive_cosine = None
 
     def __init__(
         self,
@@ -211,8 +215,6 @@ class SoftmaxFamilyLoss(RetrievalLoss):
         float32 rounding). Embeddings are used as given (normalise them for cosine logits); integer ids;
         ``ignore_negative_ids``: pairs with a negative id on either side are ignored (R = -1, e.g. padding).
         """
-        from ce_retrieval.losses import tiled  # noqa: PLC0415  (tiled imports this module)
-
         query_emb, doc_emb = tf.convert_to_tensor(query_emb), tf.convert_to_tensor(doc_emb)
         entries = query_emb.shape[0] * doc_emb.shape[0] if query_emb.shape[0] and doc_emb.shape[0] else None
         if not self.supports_tiled or (self.tile_size is None and (entries is None or entries <= TILED_THRESHOLD)):
@@ -224,25 +226,59 @@ class SoftmaxFamilyLoss(RetrievalLoss):
             return self(relevance, scores)
 
         def one_way(queries, docs, q_ids, d_ids):
-            return tiled.tiled_softmax_loss(
-                queries,
-                docs,
-                q_ids,
-                d_ids,
-                self.scale,
-                self.cross_example,
-                self.negative_fraction,
-                self.top_k,
-                tile_size=self.tile_size,
-                ignore_negative_ids=ignore_negative_ids,
-                positive_cosine=getattr(self, "positive_cosine", None),
-                owner=self.name,
-            )
+            return self.tiled_loss(queries, docs, q_ids, d_ids, self.tile_size, ignore_negative_ids)
 
         value = one_way(query_emb, doc_emb, query_ids, doc_ids)
         if self.bidirectional:
             value = 0.5 * (value + one_way(doc_emb, query_emb, doc_ids, query_ids))
         return value
+
+    def tiled_loss(
+        self,
+        query_emb,
+        doc_emb,
+        query_ids,
+        doc_ids,
+        tile_size: int | None = None,
+        ignore_negative_ids: bool = False,
+        across_replicas: bool = False,
+    ) -> tf.Tensor:
+        """One direction (queries -> documents) of this loss by the tiled path, ``tiled.tiled_softmax_loss`` with
+        this instance's hyper-parameters (``bidirectional`` is the caller's: swap the arguments for the other).
+        ``across_replicas``: this replica's share of the loss of every replica's rows (sharded + tiled)."""
+        from ce_retrieval.losses import tiled  # noqa: PLC0415  (tiled imports this module)
+
+        return tiled.tiled_softmax_loss(
+            query_emb,
+            doc_emb,
+            query_ids,
+            doc_ids,
+            self.scale,
+            self.cross_example,
+            self.negative_fraction,
+            self.top_k,
+            tile_size=tile_size,
+            ignore_negative_ids=ignore_negative_ids,
+            positive_cosine=self.positive_cosine,
+            across_replicas=across_replicas,
+            owner=self.name,
+        )
+
+    def sharded_share(self, relevance_local, scores_local) -> tf.Tensor:
+        """One direction of this replica's share of the loss (``sharded.sharded_softmax_loss``): its rows
+        ``[n, M]`` against every replica's documents; the shares of all replicas sum to the loss."""
+        from ce_retrieval.losses.sharded import sharded_softmax_loss  # noqa: PLC0415  (sharded imports this module)
+
+        return sharded_softmax_loss(
+            relevance_local,
+            scores_local,
+            self.scale,
+            self.cross_example,
+            self.negative_fraction,
+            self.top_k,
+            positive_cosine=self.positive_cosine,
+            owner=self.name,
+        )
 
 
 __all__ = ["SoftmaxFamilyLoss", "softmax_loss"]

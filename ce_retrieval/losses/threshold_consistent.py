@@ -11,9 +11,10 @@ with P the positive pairs (R = 1), N the negatives (R = 0), ignored pairs (R = -
 violating pair contributes 0. Defaults are the paper's: m⁺ = 0.9, m⁻ = 0.5, λ⁺ = λ⁻ = 1. The indicator counts are
 constants of the gradient (as in pytorch-metric-learning): each violating pair gets ∓λ/count.
 
-The margins are cosines, so S must be the cosine matrix, never logits λ·S: the two-tower model adds a configured
-regulariser ``weight · L_TCM`` to any loss on its cosine matrix, before its (learned or fixed) λ
-(``loss.regularizers`` in the config; ``ce_retrieval/tasks/loss_wiring.py``). With a plain Keras model, add it to
+The margins are cosines, so S must be the cosine matrix, never logits λ·S: the retrieval objective adds a
+configured regulariser ``weight · L_TCM`` to any loss on the cosine matrix, before its (learned or fixed) λ and b
+(``loss.regularizers`` in the config; ``ce_retrieval/tasks/loss_wiring.py``; dense replicated path only: it
+declares no tiled or sharded path, being a mean over the whole matrix). With a plain Keras model, add it to
 the loss yourself on the cosines: ``loss(R, S) + w * functional.threshold_consistent_margin(R, S)``.
 
 The sums over S equal those over Sᵀ, so ``bidirectional`` is not offered. Each term reads one entry

@@ -29,6 +29,13 @@ How, with ``D`` cut into ``ceil(M / T)`` column tiles of ``T = tile_size`` docum
    ``dL/dl_ij = g_i w_ij e^{l_ij - log Z_i}`` (the softmax weight from the saved log Z),
    recomputed per tile: ``dQ += λ dL_t D_t``, ``dD_t = λ dL_tᵀ Q``.
 
+Eagerly too: the op's body runs on ``stop_gradient`` copies of its inputs, so an eager ``GradientTape`` records only
+the custom gradient, not every tile's logits (which made an eager step O(N·M): +7.5 GiB at N = M = 16,384).
+Sharded + tiled (``across_replicas=True``): the queries are this replica's rows and the documents all replicas'
+(gathered); |P|, the cross-example ``(m, z)`` and the global mining histograms are summed over replicas as in
+``sharded.py``, and the value is this replica's share. ``RetrievalObjective`` (``ce_retrieval/objective``) chooses
+this path from the config (``train.loss_tile_size``).
+
 Cost: one logits pass forward, one backward (plus 2 passes for cross-example mining, 3 per-row), each a ``[N, d] x
 [d, T]`` matmul; memory O(N·T + (N + M)·d) (per-row mining adds ``[N, 2048]`` int32 histograms). Float16/bfloat16
 embeddings are computed in float32 (the gradients come back in the input dtype). Values and gradients equal the
@@ -51,6 +58,7 @@ from ce_retrieval.losses.fast_paths import (
     ordered_int32_key,
 )
 from ce_retrieval.losses.softmax_core import check_scale, resolve_mining
+from ce_retrieval.utils.replicas import replica_sum, stack_from_replicas
 
 _NEG_INF = float("-inf")
 
@@ -82,6 +90,7 @@ def tiled_softmax_loss(
     tile_size: int | None = None,
     ignore_negative_ids: bool = False,
     positive_cosine=None,
+    across_replicas: bool = False,
     owner: str = "tiled_softmax_loss",
 ) -> tf.Tensor:
     """The softmax-family loss of ``λ·Q Dᵀ`` with relevance from ids, over column tiles (module docstring).
@@ -97,11 +106,15 @@ def tiled_softmax_loss(
       ignore_negative_ids: pairs with a negative query or document id are ignored (R = -1: padding).
       positive_cosine: the margin of the margin softmaxes, an element-wise ``c -> ψ(c)`` applied to the positive
         pairs' similarities ``c = q·d`` before ``scale`` (``margin_softmax.py``); ``None``: no margin.
+      across_replicas: sharded + tiled: the queries are this replica's rows, the documents every replica's
+        (gathered); returns this replica's share of the global loss (``sharded.py``: the number of positive
+        pairs, the cross-example partition function and the global mining histograms are combined over
+        replicas; Σ_r share_r = the loss of all rows). The identity outside a multi-replica context.
       owner: the name in error messages.
 
     Returns:
       float32 scalar: the mean over positive pairs (0 without positive pairs), differentiable in both
-      embedding matrices.
+      embedding matrices (with ``across_replicas``: this replica's share).
     """
     scale = check_scale(scale, owner)
     negative_fraction, top_k = resolve_mining(negative_fraction, top_k, None, owner)
@@ -138,6 +151,7 @@ def tiled_softmax_loss(
         bool(ignore_negative_ids),
         scale,
         positive_cosine,
+        bool(across_replicas),
     )
     # λ folded into Q once, so every pass computes a logit by the same matmul (identical bits: exact mining).
     return problem.loss(scale * tf.cast(query_emb, tf.float32), tf.cast(doc_emb, tf.float32))
@@ -147,8 +161,21 @@ class _Problem:
     """The ids, tiling and hyper-parameters of one call; :meth:`loss` is the custom-gradient op."""
 
     def __init__(
-        self, query_ids, doc_ids, tile, cross_example, negative_fraction, top_k, ignore_negative_ids, scale, margin
+        self,
+        query_ids,
+        doc_ids,
+        tile,
+        cross_example,
+        negative_fraction,
+        top_k,
+        ignore_negative_ids,
+        scale,
+        margin,
+        across_replicas=False,
     ):
+        # Σ over replicas of a per-replica count or sum (sharded + tiled); the identity on one device.
+        self.combine = replica_sum if across_replicas else (lambda x: x)
+        self.across_replicas = across_replicas
         self.query_ids, self.doc_ids, self.tile = query_ids, doc_ids, tile
         self.scale, self.margin = scale, margin
         self.cross_example, self.negative_fraction, self.top_k = cross_example, negative_fraction, top_k
@@ -174,7 +201,7 @@ class _Problem:
         self.start = start
         self.count = tf.where(self.row_ok, count, 0)
         self.num_slots = tf.reduce_max(tf.concat([self.count, [0]], 0))
-        self.num_positive = tf.reduce_sum(tf.cast(self.count, tf.float32))
+        self.num_positive = tf.reshape(self.combine(tf.reduce_sum(tf.cast(self.count, tf.float32))), [])  # all |P|
         self.row_negatives = tf.where(self.row_ok, valid_docs - self.count, 0)  # n_i, int32 [N]
         self.mining = negative_fraction is not None or top_k is not None
 
@@ -214,6 +241,7 @@ class _Problem:
             passes, count_dtype = ROW_PASSES, tf.int32
         else:
             count = tf.reduce_sum(tf.cast(self.row_negatives, tf.int64), keepdims=True)  # [1], may exceed 2^31
+            count = tf.reshape(self.combine(count), [1])  # reshaped: a gather loses the static shape
             if self.top_k is not None:
                 k = tf.minimum(count, self.top_k)
             else:
@@ -240,6 +268,8 @@ class _Problem:
                 return (hist + tf.cast(_histogram(digits, size, per_row), count_dtype),)
 
             (hist,) = self._over_tiles(body, (tf.zeros([rows if per_row else 1, size], count_dtype),))
+            if not per_row:  # the batch's histogram: every replica's rows (reshaped: a gather loses the shape)
+                hist = tf.reshape(self.combine(hist), [1, size])
             digit, above, in_bin = _find_bin(hist, remaining)
             greater += above
             remaining -= above
@@ -277,6 +307,13 @@ class _Problem:
             shift = tf.where(top > _NEG_INF, top, 0.0)
             total = tf.reduce_sum(total * tf.exp(peak - shift), keepdims=True)
             peak = tf.reshape(top, [1])
+            if self.across_replicas:  # (m_r, s_r) of every replica: log Z = m + log Σ_r s_r e^{m_r - m}
+                parts = stack_from_replicas(tf.concat([peak, total], 0))  # [R, 2]
+                top = tf.reduce_max(parts[:, 0])
+                shift = tf.where(top > _NEG_INF, top, 0.0)
+                rescale = tf.where(parts[:, 0] > _NEG_INF, tf.exp(parts[:, 0] - shift), 0.0)
+                total = tf.reduce_sum(parts[:, 1] * rescale, keepdims=True)
+                peak = tf.reshape(top, [1])
         log_z = tf.where(total > 0.0, peak + tf.math.log(tf.where(total > 0.0, total, 1.0)), _NEG_INF)
         return tf.broadcast_to(log_z, [n])
 
@@ -315,6 +352,10 @@ class _Problem:
     def loss(self, queries: tf.Tensor, docs: tf.Tensor) -> tf.Tensor:
         @tf.custom_gradient
         def op(queries, docs):
+            # Eagerly, a tape records every op inside a custom-gradient function whose inputs it watches (and keeps
+            # each tile's logits for a backward that never runs: O(N·M)); cut the inputs off the tape so only the
+            # custom gradient below is recorded. A no-op in a graph, where the custom gradient replaces the body's.
+            queries, docs = tf.stop_gradient(queries), tf.stop_gradient(docs)
             doc_tiles = tf.reshape(tf.pad(docs, [[0, self.padding], [0, 0]]), [-1, self.tile, tf.shape(docs)[1]])
             selection = self._select(queries, doc_tiles) if self.mining else None
             log_z = self._log_partition(queries, doc_tiles, selection)
@@ -346,8 +387,8 @@ class _Problem:
             positive,
             (tf.constant(0), tf.zeros([self.num_queries]), zeros_q, zeros_d),
         )
-        if self.cross_example:
-            g = tf.broadcast_to(tf.reduce_sum(g), tf.shape(g))
+        if self.cross_example:  # every positive pair of every replica shares log Z
+            g = tf.broadcast_to(self.combine(tf.reduce_sum(g)), tf.shape(g))
         shift = tf.where(log_z > _NEG_INF, log_z, 0.0)[:, None]
 
         def negative(t, d_queries, d_tiles):

@@ -5,8 +5,9 @@ A replica's B_r rows are split into K = B_r / c chunks of c rows (``train.embedd
 replica's embeddings and θ the tower weights:
 
     1. e_k = f(x_k; θ) for k = 1..K, without a tape (activations freed chunk by chunk)
-    2. E = concat_k e_k -> all_gather -> S -> L;  G = ∂(L / R)/∂E  ([B_r, d] per tower, tape over E only;
-       the gradient of all_gather sums the replicas' upstream gradients as in the plain step)
+    2. E = concat_k e_k -> the retrieval objective (``ce_retrieval.objective``: gather, S, L, any path) ->
+       G = ∂share/∂E, share = L / R or the sharded share ([B_r, d] per tower, tape over E only; the gradient
+       of all_gather sums the replicas' upstream gradients as in the plain step)
     3. ∂(L / R)/∂θ = Σ_k (∂e_k/∂θ)ᵀ G_k: re-run chunk k under a tape and back-propagate its slice G_k
        (``tape.gradient(e_k, θ, output_gradients=G_k)``), accumulating over k
     plus the loss's direct gradients (learned log λ, weight regularisers) from step 2.
@@ -101,13 +102,13 @@ def _dense_handles(grads) -> list[tf.Tensor]:
 
 
 def cached_gradients(model, text_inputs, pixels, ids, chunk: int) -> tuple:
-    """The plain step's ``(L, S, relevance, text grads, image grads)`` computed chunk by chunk (module docstring).
+    """The plain step's ``(L, recall@1, has positive, text grads, image grads)`` computed chunk by chunk (module
+    docstring).
 
-    ``model`` is a compiled :class:`ce_retrieval.modeling.TwoTowerModel`; its ``_loss_from_embeddings`` gives
-    the global loss of the replica's embeddings.
+    ``model`` is a compiled :class:`ce_retrieval.modeling.TwoTowerModel`; its ``objective_terms`` (the retrieval
+    objective plus the towers' regularisers) give the loss and this replica's share of the replica's embeddings,
+    on whichever path the objective takes (dense, tiled, sharded).
     """
-    from ce_retrieval.modeling.two_tower import replica_share
-
     rows = static_rows(pixels)
     num_chunks = check_chunk(rows, chunk)
     text_core, image_core = model.text_core, model.image_core
@@ -134,8 +135,7 @@ def cached_gradients(model, text_inputs, pixels, ids, chunk: int) -> tuple:
     text_vars, image_vars = model.text_variables, model.image_variables
     with tf.GradientTape() as tape:
         tape.watch([text_all, image_all])
-        loss, cosine, relevance = model._loss_from_embeddings(text_all, image_all, ids)
-        share = loss * replica_share()
+        loss, share, recall, has_positive = model.objective_terms(text_all, image_all, ids)
     grads = tape.gradient(share, [text_all, image_all] + text_vars + image_vars)
     grad_text, grad_image = grads[0], grads[1]
     direct_text, direct_image = grads[2 : 2 + len(text_vars)], grads[2 + len(text_vars) :]
@@ -173,7 +173,7 @@ def cached_gradients(model, text_inputs, pixels, ids, chunk: int) -> tuple:
     acc_text = acc_text + [None] * (len(text_vars) - len(tower_text_vars))  # the learned log λ: direct only
     text_grads = [_add(a, d) for a, d in zip(acc_text, direct_text, strict=True)]
     image_grads = [_add(a, d) for a, d in zip(acc_image, direct_image, strict=True)]
-    return loss, cosine, relevance, text_grads, image_grads
+    return loss, recall, has_positive, text_grads, image_grads
 
 
 __all__ = ["batchnorm_state", "cached_gradients", "check_chunk", "dropout_layers", "static_rows"]

@@ -6,6 +6,7 @@ One step on a global batch of B (caption, image, image_id) rows split over R rep
     S   = gather(T) gather(V)^T                                              (cosine, [B, B], on every replica)
     R_ij = 1[id_i == id_j]                                                   (two captions of one image: both positive)
     L   = loss(R, S)                 fixed λ: the loss applies its own scale λ (= ModelConfig.logit_scale)
+                                     (gather -> L: the retrieval objective, ce_retrieval.objective)
     L   = loss(R, λ S), λ = min(exp(s), λ_max)       learned λ (loss must have scale 1)
     L   = loss(R, λ S + b)                           learned bias b (SigLIP; loss must have scale 1, bias 0)
     (a loss that ``needs_gram`` gets the joint Gram matrix of [T; V] instead, [2B, 2B], self-pairs ignored)
@@ -13,7 +14,7 @@ One step on a global batch of B (caption, image, image_id) rows split over R rep
     text params  <- AdamW step on dL/dθ_text (and on s, the learned log-scale, if any)
     image params <- SGD+momentum step on dL/dθ_image
 
-Replica scaling is this step's (losses return the objective of the matrix they are given): each replica takes
+Replica scaling is the objective's (losses return the objective of the matrix they are given): each replica takes
 the loss ``L`` of the global matrix and differentiates ``L / R``; Keras sums gradients over replicas and the
 gradient of ``all_gather`` sums the upstream gradients of the replicas, so every replica applies exactly
 ``dL/dθ`` of the global loss: one step under ``MirroredStrategy`` equals one step on the whole batch on one
@@ -32,15 +33,16 @@ Gradient caching (``compile(embedding_chunk=c)``, config ``train.embedding_chunk
 c rows, first without a tape to get the embeddings, then again chunk by chunk to back-propagate ``∂(L/R)/∂E``;
 same gradient, one chunk's activations (:mod:`ce_retrieval.modeling.grad_cache`).
 
-Loss partition (``compile(loss_partition=...)``, config ``train.loss_partition``): ``"replicated"`` (default,
-above; OpenCLIP's ``gather_with_grad=True, local_loss=False``): every replica computes the whole ``[B, B]`` loss.
-``"sharded"`` (OpenCLIP's ``local_loss=True``): only the documents (image embeddings and ids) are gathered; replica
-r computes its own B/R rows ``S_r = T_r V_allᵀ`` and its share of L (:mod:`ce_retrieval.losses.sharded`,
-``Σ_r share_r = L``, cross-replica terms all-reduced), so its loss work drops R×. The step returns ``R·share_r``
-as "the loss": it differentiates ``R·share_r / R = share_r`` (the shares already sum to L, no further scaling)
-and the ``loss`` metric, a mean over replicas, logs ``Σ_r share_r = L``; ``in_batch_recall_at_1`` is the mean of
-the replicas' own rows. Same gradient as ``"replicated"``; the four losses of ``softmax.py`` only, one direction;
-composes with ``embedding_chunk``.
+The loss (``compile(loss=..., loss_partition=..., loss_tile_size=...)``, config ``train.loss_partition``,
+``train.loss_tile_size``) is the retrieval objective's (:class:`ce_retrieval.objective.RetrievalObjective`): it
+takes this replica's embeddings and ids and owns the gather, S, relevance, λ (this model lends it its
+``log_logit_scale`` variable, so checkpoints keep their names), the joint Gram matrix, the path (dense, tiled,
+sharded, sharded + tiled) and the replica's share; the model reads no field of the loss. ``"replicated"``
+(default; OpenCLIP's ``gather_with_grad=True, local_loss=False``): every replica computes the whole loss and
+differentiates ``L / R``. ``"sharded"`` (OpenCLIP's ``local_loss=True``): replica r computes its own rows' share
+of L (``Σ_r share_r = L``) and differentiates it; the step returns ``R·share_r`` as "the loss", so the ``loss``
+metric, a mean over replicas, logs L; ``in_batch_recall_at_1`` is the mean of the replicas' own rows. Same
+gradient on every path; each composes with ``embedding_chunk``.
 """
 
 from __future__ import annotations
@@ -51,22 +53,15 @@ import tensorflow as tf
 import tf_keras
 
 from ce_retrieval.data.schema import CAPTION, IMAGE, IMAGE_ID
-from ce_retrieval.losses import relevance_from_ids
-from ce_retrieval.losses.sharded import SHARDED_LOSSES, sharded_softmax_loss
 from ce_retrieval.modeling import grad_cache
 from ce_retrieval.modeling.augmentation import ImageAugmentation
-from ce_retrieval.modeling.similarity import cosine_similarity, gather_from_replicas, num_replicas
 from ce_retrieval.modeling.text_tower import Tower
+from ce_retrieval.objective import LogitBias, LogitScale, RetrievalObjective
+from ce_retrieval.utils.replicas import num_replicas
 
 BAD_BATCH_POLICIES = ("stop", "skip")
-LOSS_PARTITIONS = ("replicated", "sharded")
 BAD_BATCH_NONFINITE = "has a NaN or Inf loss or gradient (stopping before the update; train.on_bad_batch=skip skips)"
 BAD_BATCH_NO_POSITIVE = "has no positive pair (no caption of the batch matches an image of the batch)"
-
-
-def replica_share() -> float:
-    """1 / R, the share of the global loss each of R replicas differentiates (1 outside a replica context)."""
-    return 1.0 / num_replicas()
 
 
 def num_replicas_in_scope() -> int:
@@ -115,15 +110,20 @@ class TwoTowerModel(tf_keras.Model):
                 trainable=True,
             )
         self._init_logit_bias(logit_bias, learn_logit_bias)
-        self.retrieval_loss = None
-        self.score_regularizers = ()
+        # λ and b: the objective's, with this model's variables (tracked here as log_logit_scale and logit_bias:
+        # checkpoints restore)
+        self._scale = LogitScale(
+            logit_scale,
+            self.learn_logit_scale,
+            max_logit_scale,
+            self.log_logit_scale if self.learn_logit_scale else None,
+        )
+        self.objective = None
         self.text_optimizer = None
         self.image_optimizer = None
         self._loss_scaling = False
         self._core_jit = False
         self.embedding_chunk = 0
-        self.loss_partition = "replicated"
-        self._joint_gram = False
         self.on_bad_batch = "stop"
         self._skipped_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="skipped_steps")
         self._loss_tracker = tf_keras.metrics.Mean(name="loss")
@@ -134,67 +134,43 @@ class TwoTowerModel(tf_keras.Model):
     @property
     def logit_scale(self) -> tf.Tensor:
         """λ as a float32 scalar tensor (the learned value, capped, if ``learn_logit_scale``)."""
-        if self.learn_logit_scale:
-            return tf.minimum(tf.exp(self.log_logit_scale), self.max_logit_scale)
-        return tf.constant(self.initial_logit_scale, tf.float32)
+        return self._scale()
 
-    # The logit bias b (SigLIP): one small block, so that it moves as one piece with λ.
+    @property
+    def retrieval_loss(self) -> tf_keras.losses.Loss | None:
+        """The compiled loss (the objective's), or None before ``compile``."""
+        return None if self.objective is None else self.objective.loss
+
+    @property
+    def loss_partition(self) -> str:
+        return "replicated" if self.objective is None else self.objective.partition
+
+    # The logit bias b (SigLIP): the objective's, lent this model's variable (weight ``logit_bias``).
     def _init_logit_bias(self, logit_bias: float | None, learn: bool) -> None:
         if learn and logit_bias is None:
             raise ValueError("learn_logit_bias=True needs logit_bias, the initial value of b (SigLIP: -10)")
         self.learn_logit_bias = bool(learn)
         self.initial_logit_bias = None if logit_bias is None else float(logit_bias)
+        variable = None
         if self.learn_logit_bias:
-            self.logit_bias_variable = self.add_weight(
+            variable = self.logit_bias_variable = self.add_weight(
                 name="logit_bias",
                 shape=(),
                 dtype=tf.float32,
                 initializer=tf_keras.initializers.Constant(self.initial_logit_bias),
                 trainable=True,
             )
+        self._bias = None if logit_bias is None else LogitBias(logit_bias, self.learn_logit_bias, variable)
 
     @property
     def logit_bias(self) -> tf.Tensor | None:
         """b as a float32 scalar tensor (the learned value if ``learn_logit_bias``), or None without a bias."""
-        if self.learn_logit_bias:
-            return tf.identity(self.logit_bias_variable)
-        return None if self.initial_logit_bias is None else tf.constant(self.initial_logit_bias, tf.float32)
+        return None if self._bias is None else self._bias()
 
     @property
     def applies_logit_scale(self) -> bool:
-        """Whether the model turns S into logits itself (λ learned, or b learned: b is added after λ)."""
+        """Whether the objective turns S into logits itself (λ learned, or b learned: b is added after λ)."""
         return self.learn_logit_scale or self.learn_logit_bias
-
-    def loss_scores(self, scores: tf.Tensor) -> tf.Tensor:
-        """What the loss is given: ``λ·S`` (+ ``b`` when b is learned) where the model applies λ, else ``S``."""
-        if self.applies_logit_scale:
-            scores = scores * self.logit_scale
-        if self.learn_logit_bias:
-            scores = scores + self.logit_bias
-        return scores
-
-    def _check_logit_bias(self, loss) -> None:
-        """The loss's b (``logit_bias`` of ce_retrieval losses; None: no bias) must fit this model's."""
-        bias = getattr(loss, "logit_bias", None)
-        name = type(loss).__name__
-        if self.initial_logit_bias is None:
-            if bias is not None:
-                raise ValueError(
-                    f"{name} adds a logit bias b = {bias:g}, but the model has none: give the model logit_bias "
-                    "(config model.logit_bias), the one home of b, so that it is exported with λ"
-                )
-            return
-        if bias is None:
-            raise ValueError(
-                f"the model has a logit bias (logit_bias={self.initial_logit_bias:g}) but {name} has none; "
-                "a logit bias is only for a loss that declares one (has_logit_bias, e.g. SigmoidLoss)"
-            )
-        want = 0.0 if self.learn_logit_bias else self.initial_logit_bias
-        if abs(float(bias) - want) > 1e-6:
-            raise ValueError(
-                f"logit bias mismatch: {name} has b = {bias:g} but needs b = {want:g} "
-                + ("(the model adds its learned b itself)" if self.learn_logit_bias else "(the model's logit_bias)")
-            )
 
     def call(self, inputs: dict, training: bool = False) -> dict[str, tf.Tensor]:
         """``{"caption": [B] str, "image": [B] bytes}`` -> ``{"text": [B, d], "image": [B, d]}`` (either key may
@@ -222,6 +198,7 @@ class TwoTowerModel(tf_keras.Model):
         on_bad_batch: str = "stop",
         embedding_chunk: int | None = None,
         loss_partition: str = "replicated",
+        loss_tile_size: int | str = 0,
         regularizers=None,
         **kwargs,
     ) -> None:
@@ -237,7 +214,10 @@ class TwoTowerModel(tf_keras.Model):
         ``embedding_chunk``: gradient caching with chunks of this many rows (0 or None: off); must divide the
         per-replica batch; towers with dropout are refused (:mod:`ce_retrieval.modeling.grad_cache`).
         ``loss_partition``: ``"replicated"`` (every replica computes the global loss) or ``"sharded"`` (each its own
-        rows' share; module docstring); ``"sharded"`` needs one of ``losses.sharded.SHARDED_LOSSES``, one direction.
+        rows' share; module docstring); ``"sharded"`` needs a loss that ``supports_sharded``.
+        ``loss_tile_size``: ``0`` (dense), a tile width T or ``"auto"``: the loss over column tiles without the
+        ``[B, B]`` matrix (a loss that ``supports_tiled``). Both choices are the objective's
+        (:class:`ce_retrieval.objective.RetrievalObjective`), which refuses a combination the loss does not have.
         ``regularizers``: ``[(weight, loss)]`` added to the loss on the text × image cosine matrix, before λ and b
         (``ThresholdConsistentMargin``: its margins are cosines); built from ``loss.regularizers`` by the task.
         Other keyword arguments go to ``tf_keras.Model.compile`` (e.g. ``steps_per_execution``).
@@ -266,10 +246,19 @@ class TwoTowerModel(tf_keras.Model):
         for key in ("optimizer", "metrics", "weighted_metrics", "loss_weights"):
             if kwargs.get(key) is not None:
                 raise ValueError(f"TwoTowerModel.compile does not take {key}=; it owns its optimizers and metrics")
-        self.retrieval_loss = self._check_loss(loss)
-        self.loss_partition = _check_partition(loss_partition, loss)
-        self.score_regularizers = _check_regularizers(regularizers, self.loss_partition)
-        self._joint_gram = bool(getattr(loss, "needs_gram", False))
+        if isinstance(loss, (str, dict)):
+            raise TypeError(
+                f"TwoTowerModel.compile: pass a loss instance (got {loss!r}); ce_retrieval.tasks.build_loss or "
+                "RetrievalTask builds one from a config with this model's λ"
+            )
+        self.objective = RetrievalObjective(
+            loss,
+            self._scale,
+            partition=loss_partition,
+            tile_size=loss_tile_size,
+            logit_bias=self._bias,
+            regularizers=regularizers,
+        )
 
         policy = tf_keras.mixed_precision.global_policy()
         self._loss_scaling = policy.name == "mixed_float16"
@@ -293,43 +282,11 @@ class TwoTowerModel(tf_keras.Model):
         self.text_optimizer.build(self.text_variables)
         self.image_optimizer.build(self.image_variables)
 
-    def _check_loss(self, loss):
-        """The loss, if its logit scale (the ``logit_scale`` capability of ce_retrieval losses) fits this model."""
-        if isinstance(loss, (str, dict)):
-            raise TypeError(
-                f"TwoTowerModel.compile: pass a loss instance (got {loss!r}); ce_retrieval.tasks.build_loss or "
-                "RetrievalTask builds one from a config with this model's λ"
-            )
-        if not isinstance(loss, tf_keras.losses.Loss):
-            raise TypeError(f"TwoTowerModel.compile: loss must be a Keras Loss, got {loss!r}")
-        scale = getattr(loss, "logit_scale", None)  # None: a loss without a logit scale (or a plain Keras loss)
-        name = type(loss).__name__
-        if self.applies_logit_scale:
-            flag = "learn_logit_scale" if self.learn_logit_scale else "learn_logit_bias"
-            if scale is None:
-                raise ValueError(
-                    f"{flag}=True multiplies the cosine matrix by the model's λ, which only a loss with a "
-                    f"logit scale expects; {name} has none"
-                )
-            if abs(float(scale) - 1.0) > 1e-6:
-                raise ValueError(
-                    f"{flag}=True: the model applies λ itself, so the loss must have "
-                    f"λ = 1, e.g. scale=1.0 (got {name} with λ = {scale:g})"
-                )
-        elif scale is not None and abs(float(scale) - self.initial_logit_scale) > 1e-6:
-            raise ValueError(
-                f"logit scale mismatch: the model's logit_scale is {self.initial_logit_scale:g} but the loss "
-                f"{name} has λ = {scale:g}; set both to the same λ (RetrievalTask does)"
-            )
-        self._check_logit_bias(loss)
-        return loss
-
     @property
     def text_variables(self) -> list:
         """Variables updated by the text optimizer: the text tower, the learned log logit scale and logit bias."""
-        extra = [self.log_logit_scale] if self.learn_logit_scale else []
-        extra += [self.logit_bias_variable] if self.learn_logit_bias else []
-        return list(self.text_core.trainable_variables) + extra
+        bias = self._bias.trainable_variables if self._bias is not None else []
+        return list(self.text_core.trainable_variables) + self._scale.trainable_variables + bias
 
     @property
     def image_variables(self) -> list:
@@ -366,67 +323,30 @@ class TwoTowerModel(tf_keras.Model):
             pixels = self.augmentation(pixels)
         return text_inputs, pixels, tf.cast(data[IMAGE_ID], tf.int64)
 
+    def regularization_loss(self) -> tf.Tensor:
+        """Σ of the towers' regularisers (0 without any): identical on every replica, part of the global loss."""
+        if not self.losses:
+            return tf.constant(0.0, tf.float32)
+        return tf.add_n([tf.cast(x, tf.float32) for x in self.losses])
+
+    def objective_terms(self, text, image, ids) -> tuple:
+        """This replica's embeddings -> ``(logged loss, share to differentiate, recall@1, has positive)``: the
+        objective's, plus the towers' regularisers (in the loss, and ``1/R`` of them in the share)."""
+        result = self.objective(text, image, ids)
+        regularization = self.regularization_loss()
+        share = result.share + regularization / float(num_replicas())
+        return result.loss + regularization, share, result.recall_at_1, result.has_positive
+
     def _global_loss(self, text_inputs, pixels, ids, training: bool):
-        """Towers -> gather -> S -> loss. Returns (global loss L, global cosine S, global relevance); the
-        caller differentiates ``L / R`` (:func:`replica_share`)."""
+        """Towers -> :meth:`objective_terms`."""
         text = self.text_core(text_inputs, training=training)
         image = self.image_core(pixels, training=training)
-        return self._loss_from_embeddings(text, image, ids)
-
-    def _loss_from_embeddings(self, text, image, ids):
-        """This replica's embeddings -> gather -> S -> (L, S, relevance) (see :meth:`_global_loss`); sharded:
-        (R·share_r, S_r, relevance_r) of this replica's rows (module docstring)."""
-        if self.loss_partition == "sharded":
-            return self._sharded_loss_from_embeddings(text, image, ids)
-        text_all, image_all = gather_from_replicas(text), gather_from_replicas(image)
-        ids_all = gather_from_replicas(ids)
-        cosine = cosine_similarity(text_all, image_all)
-        relevance = relevance_from_ids(ids_all, ids_all)
-        if self._joint_gram:  # one embedding set [text; image]: S = E Eᵀ, self-pairs ignored
-            joint = tf.concat([text_all, image_all], axis=0)
-            joint_ids = tf.concat([ids_all, ids_all], axis=0)
-            loss_relevance = relevance_from_ids(joint_ids, joint_ids, exclude_self=True)
-            loss_scores = cosine_similarity(joint, joint)
-        else:
-            loss_relevance, loss_scores = relevance, cosine
-        loss_scores = self.loss_scores(loss_scores)
-        # The loss's unreduced value (one scalar): the step, not Keras's loss reduction, scales it for replicas.
-        with tf.name_scope(self.retrieval_loss.name):
-            loss = self.retrieval_loss.call(loss_relevance, loss_scores)
-        loss += self._score_regularization(relevance, cosine)
-        if self.losses:  # regularisers of the towers: identical on every replica, part of the global loss
-            loss += tf.add_n([tf.cast(x, tf.float32) for x in self.losses])
-        return loss, cosine, relevance
-
-    def _score_regularization(self, relevance, cosine):
-        """``Σ w · reg(R, cos)`` of ``score_regularizers``, on the cosines before λ and b (0 without any)."""
-        terms = []
-        for weight, term in self.score_regularizers:
-            with tf.name_scope(term.name):
-                terms.append(weight * term.call(relevance, cosine))
-        return tf.add_n(terms) if terms else 0.0
-
-    def _sharded_loss_from_embeddings(self, text, image, ids):
-        """``(R·share_r, S_r [n, B], relevance_r [n, B])``: this replica's rows against the gathered images."""
-        image_all, ids_all = gather_from_replicas(image), gather_from_replicas(ids)
-        cosine = cosine_similarity(text, image_all)
-        relevance = relevance_from_ids(ids, ids_all)
-        scores = self.loss_scores(cosine)
-        loss_fn = self.retrieval_loss
-        with tf.name_scope(loss_fn.name):
-            share = sharded_softmax_loss(
-                relevance, scores, loss_fn.scale, loss_fn.cross_example, loss_fn.negative_fraction, loss_fn.top_k
-            )
-        loss = share * float(num_replicas())  # the step differentiates loss / R = share_r
-        if self.losses:
-            loss += tf.add_n([tf.cast(x, tf.float32) for x in self.losses])
-        return loss, cosine, relevance
+        return self.objective_terms(text, image, ids)
 
     def _compute_gradients(self, text_inputs, pixels, ids):
         text_vars, image_vars = self.text_variables, self.image_variables
         with tf.GradientTape(persistent=self._loss_scaling) as tape:
-            loss, cosine, relevance = self._global_loss(text_inputs, pixels, ids, True)
-            share = loss * replica_share()
+            loss, share, recall, has_positive = self._global_loss(text_inputs, pixels, ids, True)
             if self._loss_scaling:
                 scaled_text = self.text_optimizer.get_scaled_loss(share)
                 scaled_image = self.image_optimizer.get_scaled_loss(share)
@@ -437,19 +357,19 @@ class TwoTowerModel(tf_keras.Model):
         else:
             grads = tape.gradient(share, text_vars + image_vars)
             text_grads, image_grads = grads[: len(text_vars)], grads[len(text_vars) :]
-        return loss, cosine, relevance, text_grads, image_grads
+        return loss, recall, has_positive, text_grads, image_grads
 
     def _compute_gradients_cached(self, text_inputs, pixels, ids):
         """:meth:`_compute_gradients` with gradient caching (chunks of ``embedding_chunk`` rows)."""
         return grad_cache.cached_gradients(self, text_inputs, pixels, ids, self.embedding_chunk)
 
     def train_step(self, data) -> dict[str, tf.Tensor]:
-        if self.retrieval_loss is None:
+        if self.objective is None:
             raise RuntimeError("TwoTowerModel: call compile(loss=..., text_optimizer=..., image_optimizer=...) first")
         text_inputs, pixels, ids = self._prepare(data, augment=True)
         compute = self._compute_gradients_jit if self._core_jit else self._compute_step
-        loss, cosine, relevance, text_grads, image_grads = compute(text_inputs, pixels, ids)
-        finite, has_positive = self._step_flags(loss, relevance, text_grads + image_grads)
+        loss, recall, has_positive, text_grads, image_grads = compute(text_inputs, pixels, ids)
+        finite = self._finite(loss, text_grads + image_grads)
         if self.on_bad_batch == "stop":
             step = self.text_optimizer.iterations
             checks = [
@@ -462,18 +382,19 @@ class TwoTowerModel(tf_keras.Model):
             ok = tf.logical_and(finite, has_positive)
             tf.cond(ok, lambda: self._apply(text_grads, image_grads), lambda: tf.no_op())
             self._skipped_steps.assign_add(tf.cast(tf.logical_not(ok), tf.int64))
-        return self._update_metrics(loss, cosine, relevance)
+        return self._update_metrics(loss, recall)
 
-    def _step_flags(self, loss, relevance, grads):
-        """(loss and gradients finite, batch has a positive pair): computed inside the compiled step, checked out
-        of it, because XLA compiles the losses' own asserts away. Under dynamic loss scaling an overflowing
-        gradient is the optimizer's business (it skips the step and lowers the scale), so only the loss counts."""
+    def _finite(self, loss, grads):
+        """Loss and gradients finite (with the objective's has-positive flag, computed inside the compiled step and
+        checked out of it, because XLA compiles the losses' own asserts away). Under dynamic loss scaling an
+        overflowing gradient is the optimizer's business (it skips the step and lowers the scale), so only the
+        loss counts."""
         finite = tf.reduce_all(tf.math.is_finite(loss))
         if not self._loss_scaling:
             for g in grads:
                 if g is not None:
                     finite = tf.logical_and(finite, tf.reduce_all(tf.math.is_finite(tf.convert_to_tensor(g))))
-        return finite, tf.reduce_any(tf.equal(relevance, 1.0))
+        return finite
 
     def _apply(self, text_grads, image_grads):
         self.text_optimizer.apply_gradients(zip(text_grads, self.text_variables, strict=True))
@@ -481,23 +402,21 @@ class TwoTowerModel(tf_keras.Model):
         return tf.no_op()
 
     def test_step(self, data) -> dict[str, tf.Tensor]:
-        if self.retrieval_loss is None:
+        if self.objective is None:
             raise RuntimeError("TwoTowerModel: call compile(...) before evaluate()")
         text_inputs, pixels, ids = self._prepare(data, augment=False)
-        loss, cosine, relevance = self._global_loss(text_inputs, pixels, ids, False)
-        return self._update_metrics(loss, cosine, relevance)
+        loss, _, recall, _ = self._global_loss(text_inputs, pixels, ids, False)
+        return self._update_metrics(loss, recall)
 
     def predict_step(self, data) -> dict[str, tf.Tensor]:
         if isinstance(data, (tuple, list)):
             data = data[0]
         return self(data, training=False)
 
-    def _update_metrics(self, loss, cosine, relevance):
-        # Every replica holds the same global loss L; the Mean tracker aggregates it over replicas.
+    def _update_metrics(self, loss, recall):
+        # Every replica holds the global loss L (sharded: R·share_r, whose mean is L); the Mean tracker aggregates.
         self._loss_tracker.update_state(loss)
-        top1 = tf.argmax(cosine, axis=1, output_type=tf.int32)
-        hit = tf.gather(relevance, top1, axis=1, batch_dims=1) > 0
-        self._recall_tracker.update_state(tf.reduce_mean(tf.cast(hit, tf.float32)))
+        self._recall_tracker.update_state(recall)
         logs = {m.name: m.result() for m in self.metrics}
         if self.on_bad_batch == "skip":
             logs["skipped_steps"] = self._skipped_steps.read_value()
@@ -506,42 +425,6 @@ class TwoTowerModel(tf_keras.Model):
         if self.learn_logit_bias:
             logs["logit_bias"] = self.logit_bias
         return logs
-
-
-def _check_partition(loss_partition: str, loss) -> str:
-    """``loss_partition`` if valid for ``loss`` (``"sharded"``: one of :data:`SHARDED_LOSSES`, one direction)."""
-    if loss_partition not in LOSS_PARTITIONS:
-        raise ValueError(f"loss_partition must be one of {LOSS_PARTITIONS}, got {loss_partition!r}")
-    if loss_partition == "sharded":
-        from ce_retrieval.losses import softmax  # noqa: PLC0415
-
-        supported = tuple(getattr(softmax, name) for name in SHARDED_LOSSES)
-        if not isinstance(loss, supported):
-            raise ValueError(
-                f"loss_partition='sharded' supports only {', '.join(SHARDED_LOSSES)}; got {type(loss).__name__} "
-                "(use loss_partition='replicated')"
-            )
-        if loss.bidirectional:
-            raise ValueError(
-                "loss_partition='sharded' computes each replica's text rows against the gathered images only; "
-                f"{type(loss).__name__}(bidirectional=True) also needs the image rows: use 'replicated'"
-            )
-    return loss_partition
-
-
-def _check_regularizers(regularizers, loss_partition: str) -> tuple:
-    """``regularizers`` as a tuple of ``(weight, Keras loss)``; refused with the sharded partition (which computes
-    each replica's share of the loss only)."""
-    regularizers = tuple((float(weight), term) for weight, term in (regularizers or ()))
-    for weight, term in regularizers:
-        if not isinstance(term, tf_keras.losses.Loss) or not weight >= 0:
-            raise TypeError(f"regularizers must be (weight >= 0, Keras loss) pairs, got ({weight!r}, {term!r})")
-    if regularizers and loss_partition == "sharded":
-        raise ValueError(
-            "regularizers are added on the whole cosine matrix, but loss_partition='sharded' computes each replica's "
-            "share of the loss only: use loss_partition='replicated'"
-        )
-    return regularizers
 
 
 def _with_loss_scale(optimizer):

@@ -2,8 +2,9 @@
 
     export.py      both towers as TF Serving SavedModels, versioned and written atomically (``export_encoders``)
     index.py       ScaNN index of a gallery next to an export, with manifest and calibrated thresholds (``build_index``)
-    gallery.py     a loaded index: top-k (ScaNN or exact) and exact threshold search; model binding checks
-    partitions.py  ball-bounded k-means leaves that make threshold search exact yet prunable
+    gallery.py     a loaded index: top-k (ScaNN or exact) and threshold search; model binding checks
+    threshold_search.py  approximate threshold search (top-k grown until the k-th score < tau) and its tuning
+    partitions.py  ball-bounded k-means leaves that make exact threshold search prunable
     searcher.py    text -> image search over one export version (``Searcher``)
     service.py     FastAPI/uvicorn HTTP JSON service with validation, metrics and hot reload (``create_app``);
                    with ``shard_urls`` a router in front of shard servers

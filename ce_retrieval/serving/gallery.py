@@ -3,7 +3,9 @@
 Scores are cosine similarities s(q, x) = q.x of L2-normalised embeddings (the quantity the thresholds in the
 manifest were calibrated on). Top-k uses the ScaNN searcher when the index has one (tree + anisotropic
 asymmetric hashing + exact float32 re-ranking, so the returned scores are exact dot products), otherwise exact
-chunked brute force. Threshold search is always exact (``partitions.threshold_search``).
+chunked brute force. Threshold search is approximate by default on an index whose manifest records a measured set
+recall for it (``threshold_search``: top-k grown until the k-th score falls below tau), exact otherwise or with
+``exact=True`` (``partitions.threshold_search``: ball-bounded leaves, or a blocked scan when pruning cannot win).
 
 Loading checks the index against the model it will be queried with: embedding dimension, normalisation and the
 export fingerprint must match, and the stored arrays must match the manifest; otherwise ``IndexMismatchError``.
@@ -26,6 +28,7 @@ from scann.scann_ops.py import scann_ops_pybind
 from ce_retrieval.evaluation.search import ExactSearch
 from ce_retrieval.serving import layout
 from ce_retrieval.serving.partitions import BallPartitions, threshold_search
+from ce_retrieval.serving.threshold_search import ThresholdParams, grow_topk_threshold, scann_leaves
 
 EMBEDDINGS_FILE, IDS_FILE, PARTITIONS_FILE, SCANN_DIR = "embeddings.npy", "ids.npy", "partitions.npz", "scann"
 INDEX_FORMAT = "ce_retrieval.index/1"  # one index folder (this module)
@@ -68,6 +71,13 @@ class GalleryIndex:
         params = manifest.get("params") or {}
         self.leaves_to_search = params.get("leaves_to_search")
         self.reorder = params.get("reorder_num_neighbors")
+        approx = (manifest.get("threshold_search") or {}).get("approximate")
+        # approximate threshold search only where the build measured its set recall (and met the target)
+        self.threshold_params = (
+            ThresholdParams.from_json(approx["params"])
+            if scann_searcher is not None and approx and approx.get("meets_target")
+            else None
+        )
         self._exact = None  # ExactSearch over the embeddings, made on first use (checks the gallery once)
 
     def _exact_rows(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -124,14 +134,21 @@ class GalleryIndex:
         return cls(path, manifest, embeddings, ids, partitions, searcher)
 
     def topk_rows(
-        self, queries: np.ndarray, k: int, *, leaves_to_search: int | None = None, exact: bool = False
+        self,
+        queries: np.ndarray,
+        k: int,
+        *,
+        leaves_to_search: int | None = None,
+        exact: bool = False,
+        reorder: int | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Rows [B, k'] and scores [B, k'] (descending), k' = min(k, len(self))."""
+        """Rows [B, k'] and scores [B, k'] (descending), k' = min(k, len(self)). ``reorder``: candidates re-scored
+        exactly (default: the tuned depth), at least k."""
         queries = np.ascontiguousarray(queries, dtype=np.float32)
         k = min(int(k), len(self))
         if self.scann is None or exact:
             return self._exact_rows(queries, k)
-        pre = max(int(self.reorder or 0), k)
+        pre = min(len(self), max(int(reorder or self.reorder or 0), k))
         num_leaves = int(self.manifest["params"]["num_leaves"])
         # search enough leaves to hold ~2x the candidates asked for (large k), never more than all of them
         leaves = min(
@@ -152,9 +169,43 @@ class GalleryIndex:
         rows, scores = self.topk_rows(queries, k, **kw)
         return self.ids[rows], scores
 
-    def threshold(self, queries: np.ndarray, threshold: float) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """Exact: per query, ids and scores (descending) of every item with score >= threshold."""
-        rows, scores, _ = threshold_search(queries, self.embeddings, float(threshold), self.partitions)
+    def threshold_rows(
+        self, queries: np.ndarray, threshold: float, *, exact: bool | None = None, limit: int | None = None
+    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Per query, rows and scores (descending) of the items with score >= ``threshold``.
+
+        ``exact=None`` takes the index's default: approximate (``threshold_search.grow_topk_threshold``) when the
+        manifest records its measured set recall meeting the target, exact otherwise. With ``limit`` an approximate
+        query stops once it holds more than ``limit`` hits (the caller keeps the best ``limit``)."""
+        queries = np.ascontiguousarray(queries, dtype=np.float32)
+        tau = float(threshold)
+        if exact is None:
+            exact = self.threshold_params is None
+        if exact or self.scann is None:
+            rows, scores, _ = threshold_search(queries, self.embeddings, tau, self.partitions)
+            return rows, scores
+        p = self.threshold_params or ThresholdParams(start_k=int(self.reorder or 100), max_k=max(1, len(self) // 10))
+        rows, scores, _ = grow_topk_threshold(queries, tau, self._threshold_topk(p), self._exact_threshold, p, limit)
+        return rows, scores
+
+    def _threshold_topk(self, p: ThresholdParams):
+        num_leaves = int(self.manifest["params"]["num_leaves"])
+
+        def topk(q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+            leaves = scann_leaves(int(self.leaves_to_search), num_leaves, len(self), k, p)
+            return self.topk_rows(q, k, leaves_to_search=leaves, reorder=math.ceil(p.reorder_factor * k))
+
+        return topk
+
+    def _exact_threshold(self, q: np.ndarray, tau: float) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        rows, scores, _ = threshold_search(q, self.embeddings, tau, self.partitions)
+        return rows, scores
+
+    def threshold(
+        self, queries: np.ndarray, threshold: float, *, exact: bool | None = None, limit: int | None = None
+    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Per query, ids and scores (descending) of the items with score >= threshold (see ``threshold_rows``)."""
+        rows, scores = self.threshold_rows(queries, threshold, exact=exact, limit=limit)
         return [self.ids[r] for r in rows], scores
 
 

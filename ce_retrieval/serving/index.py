@@ -9,6 +9,8 @@ version (unit vectors, score s(q, x) = q.x):
     embeddings.npy  float32 [n, d] in leaf order;  ids.npy  int64 [n] (gallery id of each row); the manifest
                     holds the SHA-256 of both arrays
     partitions.npz  k-means ball partitions for exact threshold search (see ``partitions``)
+                    (the manifest's ``threshold_search`` records the measured set recall of the approximate
+                    threshold search, ``ce_retrieval.serving.threshold_search``, at the calibrated thresholds)
     scann/          serialised ScaNN searcher (galleries of at least ``brute_force_below`` items)
 
 ScaNN set-up follows its guidance for n items: a spherical k-means tree of num_leaves ~ sqrt(n), anisotropic
@@ -48,10 +50,18 @@ from ce_retrieval.serving.gallery import (
     embeddings_digest,
     ids_digest,
 )
-from ce_retrieval.serving.partitions import build_partitions
+from ce_retrieval.serving.partitions import BallPartitions, build_partitions
+from ce_retrieval.serving.threshold_search import (
+    default_threshold_params,
+    exact_sets,
+    tau_for_median_hits,
+    tune_threshold_params,
+)
 from ce_retrieval.utils.atomic import atomic_directory
 
 BRUTE_FORCE_BELOW = 20_000
+TARGET_SET_RECALL = 0.99
+THRESHOLD_TUNING_QUERIES = 200
 PRECISION_LEVELS = ("0.5", "0.8", "0.9")
 SCORE = "cosine similarity q.x of unit vectors"
 
@@ -108,6 +118,55 @@ def _tune_leaves(searcher, queries: np.ndarray, exact_rows: np.ndarray, p: Index
                 return leaves, reorder, recall, table
     best = max(table, key=lambda r: r["recall_at_10"])
     return best["leaves_to_search"], best["reorder_num_neighbors"], best["recall_at_10"], table
+
+
+def _tune_threshold_search(
+    searcher,
+    x: np.ndarray,
+    partitions: BallPartitions,
+    params: dict,
+    queries: np.ndarray,
+    source: str,
+    thresholds: dict | None,
+    target: float,
+) -> dict:
+    """The manifest's ``threshold_search`` block of a ScaNN index: the approximate search's parameters and its set
+    recall against exact search on (at most ``THRESHOLD_TUNING_QUERIES``) evaluation queries, at each calibrated
+    threshold and at the threshold where the median query has 100 hits (so a figure exists even when the
+    calibrated thresholds admit no item of this gallery)."""
+    q = queries[:THRESHOLD_TUNING_QUERIES]
+    taus = dict(thresholds or {})
+    taus["median_100_hits"] = tau_for_median_hits(q, x, 100)
+    names = list(taus)
+    truth = dict(zip(names, exact_sets(q, x, [taus[t] for t in names]), strict=True))
+    index = GalleryIndex("", {"params": params}, x, np.arange(len(x)), partitions, searcher)
+
+    def search(queries_, tau, p):
+        index.threshold_params = p
+        return [np.sort(r) for r in index.threshold_rows(queries_, tau, exact=False)[0]]
+
+    base = default_threshold_params(len(x), params["reorder_num_neighbors"])
+    p, recalls, table = tune_threshold_params(search, q, taus, truth, base, target)
+    measured = [r for r in recalls.values() if r is not None]
+    return {
+        "method": "approximate by default: ScaNN top-k with k grown x"
+        f"{p.growth} from {p.start_k} until the k-th exact score < tau (exact past k = {p.max_k}); "
+        "exact=true: ball-bounded k-means leaves + exact re-scoring, or a blocked scan when pruning cannot win",
+        "default": "approximate" if min(measured, default=1.0) >= target else "exact",
+        "file": PARTITIONS_FILE,
+        "approximate": {
+            "params": p.to_json(),
+            "set_recall": recalls,
+            "set_recall_min": min(measured) if measured else None,
+            "thresholds": taus,
+            "mean_hits": {t: float(np.mean([len(r) for r in truth[t]])) for t in names},
+            "target": target,
+            "meets_target": min(measured, default=1.0) >= target,
+            "num_queries": len(q),
+            "query_source": source,
+            "tuning": table,
+        },
+    }
 
 
 def model_block(meta: dict) -> dict:
@@ -179,6 +238,8 @@ def write_index_folder(
     params: IndexParams | None = None,
     gallery_info: dict | None = None,
     seed: int = 0,
+    target_set_recall: float = TARGET_SET_RECALL,
+    probability: dict | None = None,
 ) -> dict:
     """Writes one index folder (format ``ce_retrieval.index/1``) into the existing, empty ``folder`` and returns
     its manifest. ``meta`` is the image encoder's export metadata. The folder is loaded back with
@@ -210,7 +271,11 @@ def write_index_folder(
             "tuning": table,
         }
         params_out = dataclasses.asdict(p)
+        threshold_info = _tune_threshold_search(
+            searcher, x, partitions, params_out, q, source, normalize_thresholds(thresholds), target_set_recall
+        )
     else:
+        threshold_info = {"method": "exact: brute force", "default": "exact", "file": None}
         params_out = {"exact": True}
         recall_info = {
             "recall_at_10": 1.0,
@@ -246,14 +311,9 @@ def write_index_folder(
         "kind": kind,
         "brute_force_below": brute_force_below,
         "params": params_out,
-        "threshold_search": {
-            "method": "exact: ball-bounded k-means leaves + exact re-scoring"
-            if kind == "scann"
-            else "exact: brute force",
-            "file": PARTITIONS_FILE if kind == "scann" else None,
-        },
+        "threshold_search": threshold_info,
         "ann": recall_info,
-        "thresholds": {"threshold_at_precision": normalize_thresholds(thresholds)},
+        "thresholds": {"threshold_at_precision": normalize_thresholds(thresholds), "probability": probability},
         "gallery": gallery_info or {},
     }
     layout.write_json(os.path.join(folder, layout.INDEX_MANIFEST), manifest)
@@ -275,13 +335,18 @@ def build_index(
     overwrite: bool = False,
     gallery_info: dict | None = None,
     seed: int = 0,
+    target_set_recall: float = TARGET_SET_RECALL,
+    probability: dict | None = None,
 ) -> dict:
     """Builds and publishes ``<export_dir>/index/<version>/`` for gallery ``embeddings`` [n, d] with ``ids`` [n].
 
     ``embeddings`` must come from ``image_encoder/<version>`` (unit norm). ``thresholds`` maps a precision
     level to the score reaching it on a validation split (``evaluation.calibration.global_pr_auc``'s
     ``threshold_at_precision``). ``queries`` (unit vectors, e.g. validation caption embeddings) are used to
-    measure ANN recall@10; by default a sample of the gallery. Returns the manifest.
+    measure ANN recall@10 and the approximate threshold search's set recall (target ``target_set_recall``); by
+    default a sample of the gallery. ``probability``: a score -> P(relevant) map fitted on the calibration split
+    (``evaluation.probability.fit_probability_map(...).to_json()``), stored beside the thresholds. Returns the
+    manifest.
     """
     export_dir = os.path.abspath(export_dir)
     version, meta = resolve_version(export_dir, version)
@@ -303,4 +368,6 @@ def build_index(
             params=params,
             gallery_info=gallery_info,
             seed=seed,
+            target_set_recall=target_set_recall,
+            probability=probability,
         )

@@ -260,13 +260,16 @@ class RemoteShards:
         return merged_ids, merged_scores, coverage
 
     def search_threshold(
-        self, queries, threshold: float, limit: int | None = None
+        self, queries, threshold: float, limit: int | None = None, exact: bool = False
     ) -> tuple[list[np.ndarray], list[np.ndarray], list[bool], ShardCoverage]:
         """Per query every hit with score >= ``threshold`` over the shards that answered (the best ``limit`` when
-        given, ``truncated`` when more exist), and the coverage."""
+        given, ``truncated`` when more exist), and the coverage. Each shard runs its own threshold search (its
+        index's default, or exact with ``exact``); the merge is exact over what they return."""
         mode = {"threshold": float(threshold)}
         if limit is not None:
             mode["limit"] = int(limit)
+        if exact:
+            mode["exact"] = True
         q, results, coverage = self._fan_out(queries, mode)
         per_ids = [[np.asarray(r["ids"], np.int64) for r in results[s]] for s in coverage.answered]
         per_scores = [[np.asarray(r["scores"], np.float32) for r in results[s]] for s in coverage.answered]
@@ -285,9 +288,11 @@ class RemoteShards:
             raise ShardsUnavailableError(coverage, "not every shard answered")
         return ids, scores
 
-    def threshold(self, queries, threshold: float) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    def threshold(
+        self, queries, threshold: float, *, exact: bool | None = None
+    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Like ``GalleryIndex.threshold`` (every hit); raises unless every shard answered with all its hits."""
-        ids, scores, truncated, coverage = self.search_threshold(queries, threshold)
+        ids, scores, truncated, coverage = self.search_threshold(queries, threshold, exact=bool(exact))
         if coverage.partial:
             raise ShardsUnavailableError(coverage, "not every shard answered")
         if any(truncated):

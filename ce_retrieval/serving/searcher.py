@@ -9,9 +9,13 @@ Two questions, as in the paper:
   * threshold relevancy  ``search(texts, threshold=tau)``   every image with s(q, x) >= tau, exactly;
                          ``search(texts, precision=0.9)``   tau = the score at which precision reached 0.9 on
                                                             the calibration split (stored in the manifest).
-Scores are the calibrated cosine similarities; each hit also reports the highest calibrated precision level
-its score clears (``precision_level``), so a client can read a score as "at least 90 % of pairs this high
-were relevant on validation data".
+                         ``search(texts, min_probability=0.9)``  every image whose P(relevant | score) >= 0.9
+                                                            (the manifest's isotonic map, fitted on validation).
+Threshold queries use the index's default search (approximate where its build measured the set recall, see
+``threshold_search``); ``exact=True`` asks for the exact one. Scores are the calibrated cosine similarities;
+each hit also reports the highest calibrated precision level its score clears (``precision_level``: "at least
+90 % of pairs this high were relevant on validation data") and, when the index carries a probability map,
+``probability``: P(this image is relevant | its score), from the same validation data.
 
 Sharded galleries: ``load`` serves a sharded ``index/<v>`` in-process (``sharded_index.load_index`` picks the
 index type from the manifest); ``router.remote_searcher`` pairs the local text encoder with remote shard servers
@@ -27,6 +31,7 @@ import os
 
 import numpy as np
 
+from ce_retrieval.evaluation.probability import ProbabilityMap
 from ce_retrieval.serving import layout
 from ce_retrieval.serving.export import TEXT_INPUT, load_signature
 from ce_retrieval.serving.gallery import IndexMismatchError
@@ -43,6 +48,7 @@ class QueryResult:
     precision_levels: list  # per hit: highest calibrated precision whose threshold the score clears, or None
     truncated: bool = False  # threshold search returned more than ``limit`` hits; only the best are kept
     coverage: ShardCoverage | None = None  # sharded index only: which shards answered
+    probabilities: list | None = None  # per hit: P(relevant | score) from the manifest's map, or None without one
 
     @property
     def partial(self) -> bool:
@@ -60,10 +66,11 @@ class QueryResult:
     def to_json(self, coverage: bool = True) -> dict:
         """Hits as JSON; with a sharded index (and ``coverage``) also ``partial``, ``shards_answered`` and
         ``shards_missing`` (shard number as a string -> reason)."""
+        probs = self.probabilities or [None] * len(self.ids)
         out = {
             "hits": [
-                {"id": int(i), "score": round(float(s), 6), "precision_level": p}
-                for i, s, p in zip(self.ids, self.scores, self.precision_levels, strict=True)
+                {"id": int(i), "score": round(float(s), 6), "precision_level": p, "probability": q}
+                for i, s, p, q in zip(self.ids, self.scores, self.precision_levels, probs, strict=True)
             ],
             "num_hits": int(len(self.ids)),
             "truncated": self.truncated,
@@ -94,6 +101,8 @@ class Searcher:
         self._text_fn, self.metadata, self.index = text_signature, metadata, index
         raw = (index.manifest.get("thresholds") or {}).get("threshold_at_precision") or {}
         self.thresholds = {float(p): float(t) for p, t in raw.items()}
+        pmap = (index.manifest.get("thresholds") or {}).get("probability")
+        self.probability_map = None if pmap is None else ProbabilityMap.from_json(pmap)
 
     @classmethod
     def load(cls, export_dir: str, version: int | None = None, *, verify: bool = True) -> Searcher:
@@ -148,6 +157,22 @@ class Searcher:
             raise ValueError(f"no calibrated threshold for precision {precision:g}; available: {available}")
         return self.thresholds[key]
 
+    def threshold_for_probability(self, probability: float) -> float:
+        """The lowest score whose P(relevant | score) reaches ``probability`` (ValueError without a map, or when
+        no score reaches it)."""
+        if self.probability_map is None:
+            raise ValueError("this index has no probability map (build it with a calibration split)")
+        tau = self.probability_map.min_score(probability)
+        if tau is None:
+            top = float(self.probability_map.knots_y[-1])
+            raise ValueError(f"no score reaches probability {probability:g}; the highest is {top:.4g}")
+        return tau
+
+    def probabilities(self, scores: np.ndarray) -> list | None:
+        if self.probability_map is None:
+            return None
+        return [round(float(p), 6) for p in self.probability_map(scores)]
+
     def precision_levels(self, scores: np.ndarray) -> list:
         levels = sorted(self.thresholds.items())
         return [max((p for p, t in levels if s >= t), default=None) for s in np.asarray(scores).tolist()]
@@ -159,13 +184,24 @@ class Searcher:
         *,
         threshold: float | None = None,
         precision: float | None = None,
+        min_probability: float | None = None,
         limit: int | None = None,
+        exact: bool = False,
     ) -> list[QueryResult]:
         """One :class:`QueryResult` per text: top ``k``, or every item with score >= ``threshold`` (or the
-        calibrated threshold for ``precision``). ``limit`` caps threshold results (best first; ``truncated``)."""
-        if sum(x is not None for x in (k, threshold, precision)) != 1:
-            raise ValueError("give exactly one of k, threshold or precision")
-        return self.search_embeddings(self.embed(texts), k, threshold=threshold, precision=precision, limit=limit)
+        calibrated threshold for ``precision``, or the lowest score of probability ``min_probability``). ``limit``
+        caps threshold results (best first; ``truncated``); ``exact`` asks for the exact threshold search."""
+        if sum(x is not None for x in (k, threshold, precision, min_probability)) != 1:
+            raise ValueError("give exactly one of k, threshold, precision or min_probability")
+        return self.search_embeddings(
+            self.embed(texts),
+            k,
+            threshold=threshold,
+            precision=precision,
+            min_probability=min_probability,
+            limit=limit,
+            exact=exact,
+        )
 
     def search_embeddings(
         self,
@@ -174,30 +210,44 @@ class Searcher:
         *,
         threshold: float | None = None,
         precision: float | None = None,
+        min_probability: float | None = None,
         limit: int | None = None,
+        exact: bool = False,
     ) -> list[QueryResult]:
         if precision is not None:
             threshold = self.threshold_for_precision(precision)
+        if min_probability is not None:
+            threshold = self.threshold_for_probability(min_probability)
         remote = hasattr(self.index, "search_topk")  # remote shards report which of them answered
         if k is not None:
             if int(k) < 1:
                 raise ValueError(f"k must be >= 1, got {k}")
+            if exact:
+                raise ValueError("exact applies to threshold queries (threshold, precision, min_probability)")
             if remote:
                 ids, scores, coverage = self.index.search_topk(queries, int(k))
             else:
                 (ids, scores), coverage = self.index.topk(queries, int(k)), _full_coverage(self.index)
             return [
-                QueryResult(i, s, self.precision_levels(s), coverage=coverage) for i, s in zip(ids, scores, strict=True)
+                QueryResult(i, s, self.precision_levels(s), coverage=coverage, probabilities=self.probabilities(s))
+                for i, s in zip(ids, scores, strict=True)
             ]
         if remote:  # each shard sends at most ``limit`` hits; the merge keeps the best ``limit`` of the union
-            ids, scores, truncated, coverage = self.index.search_threshold(queries, float(threshold), limit)
+            ids, scores, truncated, coverage = self.index.search_threshold(queries, float(threshold), limit, exact)
         else:
-            ids, scores = self.index.threshold(queries, float(threshold))
+            ids, scores = self.index.threshold(queries, float(threshold), exact=True if exact else None, limit=limit)
             truncated, coverage = [limit is not None and len(i) > limit for i in ids], _full_coverage(self.index)
             ids = [i[:limit] if cut else i for i, cut in zip(ids, truncated, strict=True)]
             scores = [s[:limit] if cut else s for s, cut in zip(scores, truncated, strict=True)]
         return [
-            QueryResult(i, s, self.precision_levels(s), truncated=bool(cut), coverage=coverage)
+            QueryResult(
+                i,
+                s,
+                self.precision_levels(s),
+                truncated=bool(cut),
+                coverage=coverage,
+                probabilities=self.probabilities(s),
+            )
             for i, s, cut in zip(ids, scores, truncated, strict=True)
         ]
 

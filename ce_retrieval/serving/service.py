@@ -3,7 +3,10 @@
     POST /search   {"texts": ["a dog on a beach"], "k": 10}          top-k images per text
                    {"texts": [...], "threshold": 0.62}               every image with cosine score >= 0.62
                    {"texts": [...], "precision": 0.9}                threshold calibrated for precision 0.9
+                   {"texts": [...], "min_probability": 0.9}          every image with P(relevant | score) >= 0.9
                    optional "limit": cap on threshold hits per text (best first, "truncated": true if cut)
+                   optional "exact": true: exact threshold search (default: the index's, approximate where its
+                   build measured the set recall); every hit carries "probability" when the index has a map
     GET  /healthz  200 {"status": "ok", "version": v, ...} once a version is loaded, else 503
     GET  /metrics  Prometheus text: request counts, latency histogram, served version, reloads
     POST /admin/reload  look for a newer version now (the watcher also polls every ``reload_interval`` s)
@@ -53,7 +56,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("ce_retrieval.serving")
 # RequestError and serve_in_thread live in http_app.py (shared with the shard server); importable from here too
 __all__ = ["RequestError", "SearcherHolder", "create_app", "serve_in_thread"]
-SEARCH_FIELDS = {"texts", "k", "threshold", "precision", "limit"}
+SEARCH_FIELDS = {"texts", "k", "threshold", "precision", "min_probability", "limit", "exact"}
+MODES = ("k", "threshold", "precision", "min_probability")
 
 
 class SearcherHolder:
@@ -113,9 +117,9 @@ def _parse_search(body: bytes, searcher, limits: dict) -> dict:
             t.encode("utf-8")
         except UnicodeEncodeError:
             raise RequestError(422, f"texts[{i}] is not valid UTF-8 (lone surrogate escape)") from None
-    modes = [m for m in ("k", "threshold", "precision") if req.get(m) is not None]
+    modes = [m for m in MODES if req.get(m) is not None]
     if len(modes) > 1:
-        raise RequestError(422, f"give only one of k, threshold, precision (got {', '.join(modes)})")
+        raise RequestError(422, f"give only one of {', '.join(MODES)} (got {', '.join(modes)})")
     mode = modes[0] if modes else "k"
     value = req.get(mode, limits["default_k"])
 
@@ -124,7 +128,8 @@ def _parse_search(body: bytes, searcher, limits: dict) -> dict:
             raise RequestError(422, f"'{name}' must be a finite number")
         return v
 
-    out = {"texts": texts, "k": None, "threshold": None, "precision": None, "limit": limits["max_results"]}
+    out = {"texts": texts, "limit": limits["max_results"], "exact": _exact_flag(req, mode)}
+    out.update(dict.fromkeys(MODES))
     if mode == "k":
         if isinstance(value, bool) or not isinstance(value, int):
             raise RequestError(422, "'k' must be an integer")
@@ -136,18 +141,40 @@ def _parse_search(body: bytes, searcher, limits: dict) -> dict:
         if not -1.0 <= value <= 1.0:
             raise RequestError(422, f"threshold out of range: {value} not in [-1, 1] (cosine score)")
         out["threshold"] = value
-    else:
+    elif mode == "precision":
         value = float(number("precision", value))
         if value not in searcher.thresholds:
             levels = ", ".join(format(p, "g") for p in sorted(searcher.thresholds)) or "none"
             raise RequestError(422, f"no calibrated threshold for precision {value:g}; available: {levels}")
         out["precision"] = value
+    else:
+        out["min_probability"] = _min_probability(float(number("min_probability", value)), searcher)
     if req.get("limit") is not None:
         lim = req["limit"]
         if isinstance(lim, bool) or not isinstance(lim, int) or not 1 <= lim <= limits["max_results"]:
             raise RequestError(422, f"'limit' must be an integer in [1, {limits['max_results']}]")
         out["limit"] = lim
     return out
+
+
+def _exact_flag(req: dict, mode: str) -> bool:
+    exact = req.get("exact", False)
+    if not isinstance(exact, bool):
+        raise RequestError(422, "'exact' must be true or false")
+    if exact and mode == "k":
+        raise RequestError(422, "'exact' applies to threshold queries (threshold, precision, min_probability)")
+    return exact
+
+
+def _min_probability(value: float, searcher) -> float:
+    """A probability in (0, 1] that some score of the index's map reaches."""
+    if not 0.0 < value <= 1.0:
+        raise RequestError(422, f"min_probability out of range: {value} not in (0, 1]")
+    try:
+        searcher.threshold_for_probability(value)
+    except ValueError as exc:
+        raise RequestError(422, str(exc)) from None
+    return value
 
 
 def create_app(
@@ -262,7 +289,9 @@ def _add_search_route(
                     req["k"],
                     threshold=req["threshold"],
                     precision=req["precision"],
+                    min_probability=req["min_probability"],
                     limit=req["limit"],
+                    exact=req["exact"],
                 )
 
         try:
@@ -293,12 +322,18 @@ def _search_payload(req: dict, searcher, results: list, took_ms: float, metrics:
             metrics.inc("ce_partial_responses_total")
     if req["k"] is not None:
         payload["k"] = req["k"]
-    else:
-        payload["threshold"] = (
-            req["threshold"] if req["precision"] is None else searcher.threshold_for_precision(req["precision"])
+        return payload
+    if req["precision"] is not None:
+        payload["threshold"], payload["precision"] = (
+            searcher.threshold_for_precision(req["precision"]),
+            req["precision"],
         )
-        if req["precision"] is not None:
-            payload["precision"] = req["precision"]
+    elif req["min_probability"] is not None:
+        payload["threshold"] = searcher.threshold_for_probability(req["min_probability"])
+        payload["min_probability"] = req["min_probability"]
+    else:
+        payload["threshold"] = req["threshold"]
+    payload["exact"] = req["exact"]
     return payload
 
 

@@ -8,7 +8,7 @@ polls the export every ``reload_interval_s`` seconds like the service's; version
 one reference assignment, so a search that started on a version finishes on it.
 
     POST /shard/search  {"version": v, "queries": [[float, ...], ...], "k": k}
-                        {"version": v, "queries_b64": "...", "threshold": t, "limit": L}
+                        {"version": v, "queries_b64": "...", "threshold": t, "limit": L, "exact": true}
                         -> {"version": v, "shard": i, "results": [{"ids": [...], "scores": [...],
                                                                    "truncated": bool}, ...]}
     GET  /healthz       shard number, number of shards, loaded versions with their sizes and ids checksums
@@ -85,14 +85,18 @@ def parse_shard_search(body: bytes, indexes: dict, shard: int, limits: dict) -> 
     modes = [m for m in ("k", "threshold") if req.get(m) is not None]
     if len(modes) != 1:
         raise RequestError(422, "give exactly one of 'k' and 'threshold'")
+    exact = req.get("exact", False)
+    if not isinstance(exact, bool):
+        raise RequestError(422, "'exact' must be true or false")
     out = {"version": version, "index": index, "queries": queries, "k": None, "threshold": None, "limit": None}
+    out["exact"] = exact
     if modes[0] == "k":
         k = req["k"]
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= limits["max_k"]:
             raise RequestError(422, f"'k' must be an integer in [1, {limits['max_k']}]")
         out["k"] = k
-        if req.get("limit") is not None:
-            raise RequestError(422, "'limit' applies to threshold searches only")
+        if req.get("limit") is not None or exact:
+            raise RequestError(422, "'limit' and 'exact' apply to threshold searches only")
         return out
     t = req["threshold"]
     if isinstance(t, bool) or not isinstance(t, (int, float)) or not -1.0 <= t <= 1.0:
@@ -217,8 +221,9 @@ def _search(req: dict) -> list[dict]:
     if req["k"] is not None:
         ids, scores = index.topk(req["queries"], req["k"])
         return [{"ids": i.tolist(), "scores": s.tolist(), "truncated": False} for i, s in zip(ids, scores, strict=True)]
-    ids, scores = index.threshold(req["queries"], req["threshold"])
     limit, out = req["limit"], []
+    # exact: the shard's exact search; otherwise its default (approximate where its build measured the set recall)
+    ids, scores = index.threshold(req["queries"], req["threshold"], exact=True if req["exact"] else None, limit=limit)
     for i, s in zip(ids, scores, strict=True):
         cut = len(i) > limit
         out.append({"ids": i[:limit].tolist(), "scores": s[:limit].tolist(), "truncated": bool(cut)})

@@ -108,6 +108,7 @@ def _build_shard(task: dict) -> dict:
             params=task["params"],
             gallery_info=task["gallery_info"],
             seed=task["seed"],
+            probability=task["probability"],
         )
 
 
@@ -188,6 +189,7 @@ def build_sharded_index(
     overwrite: bool = False,
     gallery_info: dict | None = None,
     seed: int = 0,
+    probability: dict | None = None,
 ) -> dict:
     """Builds and publishes a sharded ``<export_dir>/index/<version>/`` of ``num_shards`` shards; returns the
     top-level manifest.
@@ -222,6 +224,7 @@ def build_sharded_index(
             "brute_force_below": brute_force_below,
             "params": params,
             "seed": seed,
+            "probability": probability,
             "blas_threads": None if workers == 1 else max(1, (os.cpu_count() or 1) // workers),
         }
         tasks = _write_shard_inputs(tmp, inputs, x, ids, assignment, num_shards, queries, gallery_info, common)
@@ -240,8 +243,8 @@ def build_sharded_index(
             "shards": [_shard_entry(task["name"], built[task["name"]]) for task in tasks],
             "brute_force_below": brute_force_below,
             "workers": workers,
-            "threshold_search": {"method": "exact: union of the shards' exact threshold answers"},
-            "thresholds": {"threshold_at_precision": thresholds},
+            "threshold_search": _threshold_search_block([built[task["name"]] for task in tasks]),
+            "thresholds": {"threshold_at_precision": thresholds, "probability": probability},
             "gallery": gallery_info or {},
         }
         shards = [GalleryIndex.load(task["folder"], expected_model=meta, mmap=True) for task in tasks]
@@ -313,6 +316,19 @@ def _write_shard_inputs(
             }
         )
     return tasks
+
+
+def _threshold_search_block(built: list[dict]) -> dict:
+    """How the shards answer threshold queries: each runs its own search (approximate where its build measured the
+    set recall target, else exact) and the union is exact over what they return, so the merged set recall is at
+    least the lowest shard's (it is the hit-weighted mean of theirs)."""
+    approx = [b["threshold_search"].get("approximate") for b in built]
+    recalls = [a["set_recall_min"] for a in approx if a and a.get("set_recall_min") is not None]
+    return {
+        "method": "union of the shards' threshold answers (each shard: its own manifest's threshold_search)",
+        "shard_defaults": [b["threshold_search"]["default"] for b in built],
+        "shard_set_recall_min": min(recalls) if recalls else None,
+    }
 
 
 def _shard_entry(name: str, built: dict) -> dict:
@@ -403,11 +419,17 @@ class ShardedIndex:
         answers = self._map(lambda shard: shard.topk(queries, k, **kw))
         return merge_topk([a[0] for a in answers], [a[1] for a in answers], k)
 
-    def threshold(self, queries: np.ndarray, threshold: float) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """Exact: per query, ids and scores (descending, ties by id) of every item with score >= threshold."""
+    def threshold(
+        self, queries: np.ndarray, threshold: float, *, exact: bool | None = None, limit: int | None = None
+    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Per query, ids and scores (descending, ties by id) of the items with score >= threshold: every shard runs
+        ``GalleryIndex.threshold`` (``exact`` / ``limit`` as there) and the union of their answers is merged
+        exactly (with ``limit``, the best ``limit + 1`` of the union, so the caller still sees that it was cut)."""
         queries = np.ascontiguousarray(queries, dtype=np.float32)
-        answers = self._map(lambda shard: shard.threshold(queries, threshold))
-        return merge_threshold([a[0] for a in answers], [a[1] for a in answers])
+        answers = self._map(lambda shard: shard.threshold(queries, threshold, exact=exact, limit=limit))
+        return merge_threshold(
+            [a[0] for a in answers], [a[1] for a in answers], None if limit is None else int(limit) + 1
+        )
 
     def close(self) -> None:
         """Stops the search threads (they also stop when the index is garbage-collected)."""

@@ -1,7 +1,7 @@
 """The wire format between a router and its shard servers, and the shard coverage every sharded answer carries.
 
     POST SEARCH_PATH  {"version": v, "queries": [[float, ...], ...] | "queries_b64": "...", "k": k}
-                      {"version": v, "queries" | "queries_b64": ..., "threshold": t, "limit": L}
+                      {"version": v, "queries" | "queries_b64": ..., "threshold": t, "limit": L, "exact": true}
                       -> {"version": v, "shard": i, "results": [{"ids": [...], "scores": [...], "truncated": b}]}
 
 Queries travel either as JSON lists of floats or, faster and about 4x smaller, as ``queries_b64``: base64 of
@@ -26,7 +26,7 @@ import numpy as np
 from ce_retrieval.serving.http_app import RequestError
 
 SEARCH_PATH = "/shard/search"
-SEARCH_FIELDS = {"version", "queries", "queries_b64", "k", "threshold", "limit"}
+SEARCH_FIELDS = {"version", "queries", "queries_b64", "k", "threshold", "limit", "exact"}
 
 
 def encode_queries(queries: np.ndarray) -> str:

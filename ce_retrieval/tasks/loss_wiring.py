@@ -9,17 +9,18 @@ the loss does not take, is an error that names it and lists what the loss accept
 
 b, the logit bias of ``l = λ·S + b`` (SigLIP), has one home too: ``model.logit_bias``, given to a loss that
 declares ``has_logit_bias`` through ``logit_bias_kwargs(b)`` (``bias=b``); such a loss needs it set, and any other
-loss refuses it. With ``model.learn_logit_bias`` the model adds its learned b after applying λ itself (learned or
-not), so the loss gets λ = 1 and b = 0.
+loss refuses it. With ``model.learn_logit_bias`` the retrieval objective adds the model's learned b after applying λ
+itself (learned or not), so the loss gets λ = 1 and b = 0.
 
-``loss.regularizers`` (:func:`build_regularizers`) are terms ``weight · R(relevance, cos)`` that the model adds to
-the loss on its text × image cosine matrix, before λ and b: Threshold-Consistent Margin's margins are cosines, so it
-sees cosines whether λ is fixed, learned or absent. A regulariser is a registered loss without a logit scale,
-proxies or a Gram matrix.
+``loss.regularizers`` (:func:`build_regularizers`) are terms ``weight · R(relevance, cos)`` that the retrieval
+objective adds to the loss on the text × image cosine matrix, before λ and b: Threshold-Consistent Margin's
+margins are cosines, so it sees cosines whether λ is fixed, learned or absent (dense replicated
+path only). A regulariser is a registered loss without a logit scale, proxies or a Gram matrix.
 
 In the two-tower model the columns of S are the batch's images. Proxy losses (``needs_proxies``) read them as
 one centre per image (so SoftTriple's ``proxies_per_class`` is 1); losses that need a Gram matrix of one
-embedding set (``needs_gram``) are given the joint Gram matrix of ``[text; image]`` by the model.
+embedding set (``needs_gram``) are given the joint Gram matrix of ``[text; image]`` by the retrieval objective
+(``ce_retrieval.objective``), which also applies a learned λ.
 """
 
 from __future__ import annotations

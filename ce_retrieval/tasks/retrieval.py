@@ -68,7 +68,7 @@ class RetrievalTask:
         return build_loss(self.config.loss, self.config.model)
 
     def build_regularizers(self) -> list[tuple[float, RetrievalLoss]]:
-        """``[(weight, loss)]`` of ``loss.regularizers``, added by the model on its cosine matrix."""
+        """``[(weight, loss)]`` of ``loss.regularizers``, added by the retrieval objective on the cosine matrix."""
         return build_regularizers(self.config.loss)
 
     def build_model(self, vocab_path: str) -> TwoTowerModel:
@@ -96,6 +96,7 @@ class RetrievalTask:
             on_bad_batch=self.config.train.on_bad_batch,
             embedding_chunk=self.config.train.embedding_chunk,
             loss_partition=self.config.train.loss_partition,
+            loss_tile_size=self.config.train.loss_tile_size,
         )
         return model
 
@@ -136,11 +137,20 @@ class RetrievalTask:
             scale = "no logit scale"
         if cfg.model.logit_bias is not None:
             scale += f", {'learned ' if cfg.model.learn_logit_bias else ''}b from {cfg.model.logit_bias:g}"
-        for weight, term in model.score_regularizers:
+        for weight, term in model.objective.regularizers:
             scale += f"; + {weight:g}·{type(term).__name__} on cosines"
+        replicas = strategy.num_replicas_in_sync
+        objective = model.objective
+        tile = objective.tile_for(cfg.train.batch_size)
+        path = f"{objective.partition}, " + (f"tiled (T = {tile})" if tile else "dense")
+        share = (
+            "its rows' share of the global-batch loss"
+            if objective.partition == "sharded"
+            else f"the global-batch loss / {replicas}"
+        )
         return (
-            f"loss {type(loss).__name__} ({scale}), {strategy.num_replicas_in_sync} replica(s) "
-            f"({type(strategy).__name__}), each differentiating the global-batch loss / {strategy.num_replicas_in_sync}"
+            f"loss {type(loss).__name__} ({scale}; {path}), {replicas} replica(s) ({type(strategy).__name__}), "
+            f"each differentiating {share}"
         )
 
 

@@ -79,3 +79,15 @@ def tiny_config(augment=False, **overrides):
     )
     cfg.image.augmentation = dataclasses.replace(cfg.image.augmentation, enabled=augment)
     return cfg
+
+
+def loss_cosine_relevance(model, batch):
+    """(the model's logged loss on ``batch`` without augmentation, its text × image cosines [B, B], relevance [B, B])
+    on one replica: what a test compares against a float64 reference."""
+    from ce_retrieval.losses import relevance_from_ids
+
+    text_inputs, pixels, ids = model._prepare(batch, augment=False)
+    loss = model._global_loss(text_inputs, pixels, ids, False)[0]
+    text = model.text_core(text_inputs, training=False)
+    image = model.image_core(pixels, training=False)
+    return loss, tf.matmul(text, image, transpose_b=True), relevance_from_ids(ids, ids)

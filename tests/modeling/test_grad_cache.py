@@ -99,6 +99,37 @@ def test_cached_step_equals_the_full_step(vocab_file):
     assert int(cached.text_optimizer.iterations.numpy()) == 1 and int(cached.image_optimizer.iterations.numpy()) == 1
 
 
+@pytest.mark.parametrize("tile", [0, 3])
+def test_cached_siglip_step_equals_the_full_step_with_learned_t_and_b(vocab_file, tile):
+    """SigLIP with learned t and b (the objective's own variables: direct gradients), dense with a TCM regulariser
+    and tiled (T = 3): the cached step's loss and gradients are the plain step's."""
+    from ce_retrieval.losses import SigmoidLoss, ThresholdConsistentMargin
+
+    learned = dict(logit_scale=10.0, learn_logit_scale=True, logit_bias=-10.0, learn_logit_bias=True)
+    models = []
+    for embedding_chunk in (0, CHUNK):
+        model = build_two_tower(_config(**learned), vocab_file)
+        model.compile(
+            loss=SigmoidLoss(scale=1.0, bias=0.0),
+            regularizers=[] if tile else [(0.5, ThresholdConsistentMargin())],
+            text_optimizer=tf_keras.optimizers.SGD(0.1),
+            image_optimizer=tf_keras.optimizers.SGD(0.1),
+            embedding_chunk=embedding_chunk,
+            loss_tile_size=tile,
+        )
+        models.append(model)
+    plain, cached = models
+    cached.set_weights(plain.get_weights())
+    inputs = plain._prepare(make_batch(), augment=False)
+    loss_p, _, _, text_p, image_p = tf.function(plain._compute_gradients, autograph=False)(*inputs)
+    loss_c, _, _, text_c, image_c = tf.function(cached._compute_gradients_cached, autograph=False)(*inputs)
+    np.testing.assert_allclose(float(loss_c), float(loss_p), rtol=1e-6)
+    _assert_grads_close(text_c, text_p)
+    _assert_grads_close(image_c, image_p)
+    assert [v.name.split("/")[-1] for v in cached.text_variables[-2:]] == ["log_logit_scale:0", "logit_bias:0"]
+    assert all(abs(float(g)) > 0 for g in text_c[-2:])
+
+
 def test_xla_cached_step_matches_the_graph_step(vocab_file):
     plain, cached = _pair(vocab_file, jit=True)
     inputs = plain._prepare(make_batch(), augment=False)
@@ -126,7 +157,7 @@ def test_train_mode_batchnorm_uses_chunk_statistics(vocab_file):
                 [plain.text_core({k: v[s] for k, v in text_inputs.items()}, training=True) for s in slices], 0
             )
             image = tf.concat([plain.image_core(pixels[s], training=True) for s in slices], 0)
-            loss, _, _ = plain._loss_from_embeddings(text, image, ids)
+            loss = plain.objective_terms(text, image, ids)[0]
         return loss, tape.gradient(loss, plain.text_variables + plain.image_variables)
 
     full_grads = tf.function(cached._compute_gradients, autograph=False)(*inputs)  # updates cached's BN stats once

@@ -175,6 +175,8 @@ def test_shard_server_protocol(cluster, single):
         np.testing.assert_allclose([r["scores"] for r in as_b64["results"]], scores, atol=1e-6)
         r = c.post("/shard/search", json={"version": 1, "queries_b64": encode_queries(q), "threshold": -1, "limit": 3})
         assert all(len(x["ids"]) == 3 and x["truncated"] for x in r.json()["results"])
+        r = c.post("/shard/search", json={"version": 1, "queries": q.tolist(), "threshold": -1, "exact": True})
+        assert r.status_code == 200 and all(len(x["ids"]) > 3 for x in r.json()["results"])
         r = c.post("/shard/search", json={"version": 9, "queries": q.tolist(), "k": 5})
         assert r.status_code == 409 and r.json()["loaded"] == [1] and "not loaded" in r.json()["error"]
         nan = q.copy()
@@ -191,6 +193,8 @@ def test_shard_server_protocol(cluster, single):
             ({"version": 1, "queries": q.tolist(), "queries_b64": "", "k": 1}, "exactly one of 'queries'"),
             ({"version": "1", "queries": q.tolist(), "k": 5}, "'version' must be an integer"),
             ({"version": 1, "queries": q.tolist(), "k": 5, "extra": 1}, "unknown field"),
+            ({"version": 1, "queries": q.tolist(), "threshold": 0.5, "exact": "yes"}, "'exact' must be true or false"),
+            ({"version": 1, "queries": q.tolist(), "k": 5, "exact": True}, "apply to threshold searches only"),
         ]
         for payload, reason in bad:
             r = c.post("/shard/search", json=payload)

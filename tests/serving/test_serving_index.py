@@ -58,7 +58,7 @@ def test_scann_index_recall_and_exact_scores(scann_gallery, tmp_path, monkeypatc
 def test_threshold_search_is_exact(scann_gallery, tau):
     index = GalleryIndex.load(os.path.join(scann_gallery["dir"], "index", "1"))
     x, ids, q = scann_gallery["x"], scann_gallery["ids"], scann_gallery["queries"]
-    got_ids, got_scores = index.threshold(q, tau)
+    got_ids, got_scores = index.threshold(q, tau, exact=True)
     full = q @ x.T
     for b in range(len(q)):
         want = np.flatnonzero(full[b] >= tau)

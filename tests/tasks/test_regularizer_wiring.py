@@ -1,5 +1,5 @@
 """``loss.regularizers``: Threshold-Consistent Margin (or another cosine regulariser) added to any loss from the
-config, computed by the model on its cosine matrix (never on λ·S + b), refused where it cannot be added."""
+config, computed by the retrieval objective on cosines (never on λ·S + b), refused where it cannot be added."""
 
 import dataclasses
 import pathlib
@@ -13,7 +13,7 @@ import tf_keras
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "modeling"))  # the modeling tests' helpers
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "losses"))  # the float64 references
 import reference as ref  # noqa: E402
-from modeling_fixtures import VOCAB, make_batch, tiny_config  # noqa: E402
+from modeling_fixtures import VOCAB, loss_cosine_relevance, make_batch, tiny_config  # noqa: E402
 
 from ce_retrieval import configs, losses  # noqa: E402
 from ce_retrieval.cli.train import resolve_config  # noqa: E402
@@ -78,9 +78,8 @@ def test_tcm_sees_cosines_whatever_the_model_does_to_the_logits(vocab, loss, mod
     cfg = _cfg(loss, [RegularizerConfig(weight=0.7)], **model)
     task = RetrievalTask(cfg)
     compiled = task.build_compiled_model(vocab, total_steps=5)
-    text_inputs, pixels, ids = compiled._prepare(make_batch(), augment=False)
-    value, cosine, relevance = compiled._global_loss(text_inputs, pixels, ids, False)
-    plain = float(compiled.retrieval_loss(relevance, compiled.loss_scores(cosine)))
+    value, cosine, relevance = loss_cosine_relevance(compiled, make_batch())
+    plain = float(compiled.retrieval_loss(relevance, compiled.objective.loss_scores(cosine)))
     tcm = ref.threshold_consistent_margin(relevance.numpy(), cosine.numpy().astype(np.float64))
     assert tcm > 0.05  # the term is there to be seen
     np.testing.assert_allclose(float(value), plain + 0.7 * tcm, rtol=1e-5)
@@ -105,8 +104,7 @@ def _tcm_after_training(vocab, regularizers, steps=12):
     batch = make_batch()
 
     def tcm_now():
-        text_inputs, pixels, ids = model._prepare(batch, augment=False)
-        _, cosine, relevance = model._global_loss(text_inputs, pixels, ids, False)
+        _, cosine, relevance = loss_cosine_relevance(model, batch)
         return ref.threshold_consistent_margin(relevance.numpy(), cosine.numpy().astype(np.float64))
 
     before = tcm_now()

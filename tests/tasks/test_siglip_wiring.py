@@ -13,7 +13,7 @@ import tf_keras
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "modeling"))  # the modeling tests' helpers
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "losses"))  # the float64 references
 import reference as ref  # noqa: E402
-from modeling_fixtures import VOCAB, make_batch, tiny_config  # noqa: E402
+from modeling_fixtures import VOCAB, loss_cosine_relevance, make_batch, tiny_config  # noqa: E402
 
 from ce_retrieval import configs, losses  # noqa: E402
 from ce_retrieval.cli.train import resolve_config  # noqa: E402
@@ -105,8 +105,7 @@ def test_siglip_trains_t_b_and_the_towers_from_the_config(vocab):
     model = RetrievalTask(cfg).build_compiled_model(vocab, total_steps=12)
     assert any(v is model.logit_bias_variable for v in model.text_variables)
     batch = make_batch()
-    text_inputs, pixels, ids = model._prepare(batch, augment=False)
-    value, cosine, relevance = model._global_loss(text_inputs, pixels, ids, False)
+    value, cosine, relevance = loss_cosine_relevance(model, batch)
     want = ref.sigmoid(relevance.numpy(), cosine.numpy().astype(np.float64), 10.0, -10.0)
     np.testing.assert_allclose(float(value), want, rtol=1e-5)
 

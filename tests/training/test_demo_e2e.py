@@ -48,6 +48,7 @@ def test_demo_runs_every_stage(tmp_path):
     ):
         assert stage in out
     assert "calibration, side by side" in out and "SampledSoftmax" in out and "CrossExampleSoftmax" in out
+    assert "P(relevant | score) map: ECE" in out
     assert (workdir / "eval" / "calibration_side_by_side.png").stat().st_size > 10_000
     baseline = json.loads((workdir / "eval" / "baseline" / "eval_test.json").read_text())
     assert baseline["run_name"] == "SampledSoftmax" and baseline["config"]["loss"]["name"] == "SampledSoftmax"
@@ -62,3 +63,6 @@ def test_demo_runs_every_stage(tmp_path):
     assert record["seed"] == 0 and record["machine"]["cpu_count"] and len(record["load_average_1_5_15"]) == 3
     assert record["runs"]["CrossExampleSoftmax"]["pr_auc"] == report["summary"]["pr_auc"]
     assert (workdir / "record.md").exists() and "[demo] record:" in out
+    manifest = json.loads((workdir / "export" / "index" / "1" / "manifest.json").read_text())
+    assert manifest["thresholds"]["probability"]["format"] == "isotonic/1"
+    assert report["metrics"]["probability"]["ece"] is not None

@@ -1,0 +1,51 @@
+"""λ, the logit scale of ``l = λ·S``: a fixed number, or learned as ``s = log λ`` (CLIP), capped.
+
+    λ = λ₀                       (fixed: the loss applies it itself, as its ``scale`` / ``temperature``)
+    λ = min(e^s, λ_max),  s₀ = log λ₀   (learned: the objective multiplies S by it; the loss has λ = 1)
+
+One learned scoring scalar of the objective (:class:`ce_retrieval.objective.RetrievalObjective`); the next ones
+(SigLIP's bias b) take the same shape: an object that is called for its value and lists its
+``trainable_variables``. The variable may be lent by a model that tracks it under its own name
+(``TwoTowerModel`` keeps ``log_logit_scale`` so checkpoints keep restoring).
+"""
+
+from __future__ import annotations
+
+import math
+
+import tensorflow as tf
+
+
+class LogitScale:
+    """λ, fixed or learned (module docstring).
+
+    Args:
+      initial: λ₀ > 0 (the value if fixed, the start if learned).
+      learn: learn ``s = log λ``.
+      maximum: λ_max, the cap of a learned λ.
+      variable: the float32 scalar variable holding ``s`` (learned only; created when not given).
+    """
+
+    def __init__(self, initial: float = 20.0, learn: bool = False, maximum: float = 100.0, variable=None):
+        for label, value in (("logit_scale", initial), ("max_logit_scale", maximum)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise ValueError(f"{label} must be a positive finite number, got {value!r}")
+        self.initial, self.learn, self.maximum = float(initial), bool(learn), float(maximum)
+        if variable is not None and not self.learn:
+            raise ValueError("LogitScale: a variable is only used with learn=True")
+        if self.learn and variable is None:
+            variable = tf.Variable(math.log(self.initial), dtype=tf.float32, trainable=True, name="log_logit_scale")
+        self.variable = variable
+
+    def __call__(self) -> tf.Tensor:
+        """λ as a float32 scalar tensor."""
+        if self.learn:
+            return tf.minimum(tf.exp(tf.cast(self.variable, tf.float32)), self.maximum)
+        return tf.constant(self.initial, tf.float32)
+
+    @property
+    def trainable_variables(self) -> list:
+        return [self.variable] if self.learn else []
+
+
+__all__ = ["LogitScale"]

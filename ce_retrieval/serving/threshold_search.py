@@ -1,0 +1,188 @@
+"""Approximate threshold search ("every item with q.x >= tau") whose cost follows the number of hits.
+
+Exact threshold search has to look at every item that *might* clear tau. On high-dimensional, diffuse data no
+cheap bound rules many items out (``partitions``: the ball bounds admit most leaves), so it degenerates into a
+scan of the whole gallery, while a top-k query costs a few leaves of the ANN index. Threshold queries are
+therefore answered by top-k with k grown geometrically:
+
+    k_0 = start_k (the ANN's re-ranking depth: the candidates a top-10 query re-scores anyway),
+    k_{i+1} = growth * k_i   while the k_i-th exact re-scored score s_(k_i) >= tau,
+
+and the answer is every returned item with s >= tau. ScaNN re-scores its candidates exactly, so every returned
+score is exact and nothing below tau is returned; an item above tau is missed only when the ANN ranks it below
+the k-th candidate. The stop is strict (s_(k) < tau), so items tied at tau are never cut between two rounds.
+Cost is about top-k at the final k times log_growth(hits / start_k) rounds, i.e. it follows the hits, not n.
+Past ``max_k`` (a tenth of the gallery by default) a scan is cheaper than more ANN rounds: the remaining queries
+are answered exactly. With ``limit`` L a query stops growing once it holds more than L hits (its best L are
+what is returned; one more tells the caller the answer was cut).
+
+What the index guarantees is a *measured* figure, not a bound: at build time the set recall
+
+    set recall(tau) = sum_q |A_q(tau) & E_q(tau)| / sum_q |E_q(tau)|      (A: approximate, E: exact answer)
+
+is measured on held-out evaluation queries at each calibrated threshold, the cheapest ``(leaves_factor,
+reorder_factor)`` reaching the target (0.99) is chosen and the figures go in the manifest
+(``threshold_search``). ``exact=True`` (or an index without such a measurement) uses the exact search.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from ce_retrieval.evaluation.search import exact_search
+
+__all__ = ["ThresholdParams", "grow_topk_threshold", "set_recall", "tune_threshold_params"]
+
+GROWTH = 4
+# (leaves_factor, reorder_factor) tried in order of cost until the target set recall is met. Re-scoring comes first:
+# re-scoring r k candidates costs r k d flops (0.4 MFLOP for r k = 3,200, d = 128), while each extra leaf costs its
+# n / L items' quantised scores. Deep re-scoring is what low thresholds need: the quantised scores are least
+# accurate there (anisotropic quantisation favours large inner products) and many items lie just below tau
+# (measured on the benchmark's hard gallery at 50k: set recall 0.979 with 8 x k re-scored, 0.9975 with 16 x k).
+TUNING_GRID = ((1, 1), (1, 2), (1, 4), (1, 8), (1, 16), (2, 16), (1, 32), (2, 32), (4, 32), (4, 64), (8, 64))
+
+
+@dataclasses.dataclass
+class ThresholdParams:
+    """How an ANN index answers threshold queries (stored in the manifest's ``threshold_search``)."""
+
+    start_k: int  # first round's k
+    max_k: int  # beyond this k, remaining queries are answered exactly
+    leaves_factor: float = 1.0  # leaves searched: leaves_factor x the top-10 setting (more for large k)
+    reorder_factor: float = 1.0  # candidates re-scored exactly: reorder_factor x k
+    growth: int = GROWTH
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> ThresholdParams:
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
+
+
+TopK = Callable[[np.ndarray, int], tuple[np.ndarray, np.ndarray]]
+Exact = Callable[[np.ndarray, float], tuple[list[np.ndarray], list[np.ndarray]]]
+
+
+def grow_topk_threshold(
+    queries: np.ndarray, tau: float, topk: TopK, exact: Exact, p: ThresholdParams, limit: int | None = None
+) -> tuple[list[np.ndarray], list[np.ndarray], dict]:
+    """Per query, rows and scores (descending) of the items with score >= ``tau`` found by growing top-k.
+
+    ``topk(q, k) -> (rows [B, k'], scores [B, k'])``: exact re-scored scores, descending, padding non-finite.
+    ``exact(q, tau) -> (rows, scores)`` lists: used for queries still above tau at ``p.max_k``.
+    Returns ``(rows, scores, stats)`` with ``stats = {"rounds", "exact_queries", "max_k"}``.
+    """
+    queries = np.ascontiguousarray(queries, dtype=np.float32)
+    b = len(queries)
+    rows: list[np.ndarray] = [np.zeros(0, np.int64)] * b
+    scores: list[np.ndarray] = [np.zeros(0, np.float32)] * b
+    todo = np.arange(b)
+    k, rounds, k_used = max(1, int(p.start_k)), 0, 0
+    while len(todo):
+        k = min(k, p.max_k)
+        got_rows, got_scores = topk(queries[todo], k)
+        rounds, k_used = rounds + 1, k
+        above = np.isfinite(got_scores) & (got_scores >= tau)
+        count = above.sum(axis=1)
+        # the k-th score clears tau: items beyond the k-th may too (strict stop keeps ties at tau together)
+        more = count >= got_scores.shape[1]
+        if limit is not None:
+            more &= count <= limit  # more than `limit` hits already: the best of them are the answer
+        for j in np.flatnonzero(~more):
+            rows[todo[j]] = got_rows[j, : count[j]].astype(np.int64)
+            scores[todo[j]] = got_scores[j, : count[j]].astype(np.float32)
+        todo = todo[more]
+        if k >= p.max_k:
+            break
+        k *= p.growth
+    if len(todo):  # still above tau at max_k: a scan is cheaper than more rounds
+        ex_rows, ex_scores = exact(queries[todo], tau)
+        for j, i in enumerate(todo):
+            rows[i], scores[i] = ex_rows[j], ex_scores[j]
+    return rows, scores, {"rounds": rounds, "exact_queries": int(len(todo)), "max_k": k_used}
+
+
+def set_recall(found: list[np.ndarray], truth: list[np.ndarray]) -> float | None:
+    """``sum_q |found_q & truth_q| / sum_q |truth_q|`` (None when no query has a true hit)."""
+    total = sum(len(t) for t in truth)
+    if total == 0:
+        return None
+    hit = sum(len(np.intersect1d(f, t, assume_unique=True)) for f, t in zip(found, truth, strict=True))
+    return float(hit / total)
+
+
+def exact_sets(queries: np.ndarray, x: np.ndarray, taus: list[float], block: int = 1 << 16) -> list[list[np.ndarray]]:
+    """Reference answers by a blocked scan: ``sets[t][q]`` = rows of ``x`` with ``q.x >= taus[t]`` (ascending)."""
+    lo = min(taus)
+    per_query: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in range(len(queries))]
+    for s in range(0, len(x), block):
+        sc = queries @ x[s : s + block].T
+        qi, ri = np.nonzero(sc >= lo)
+        vals = sc[qi, ri]
+        bounds = np.searchsorted(qi, np.arange(len(queries) + 1))
+        for i in range(len(queries)):
+            per_query[i].append((ri[bounds[i] : bounds[i + 1]] + s, vals[bounds[i] : bounds[i + 1]]))
+    out = []
+    for tau in taus:
+        sets = []
+        for parts in per_query:
+            r = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int64)
+            v = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.float32)
+            sets.append(np.sort(r[v >= tau]).astype(np.int64))
+        out.append(sets)
+    return out
+
+
+def tau_for_median_hits(queries: np.ndarray, x: np.ndarray, hits: int = 100) -> float:
+    """A threshold at which the median query has about ``hits`` hits: the median of the queries' ``hits``-th score."""
+    _, s = exact_search(queries, x, min(hits, len(x)))
+    return float(np.median(s[:, -1]))
+
+
+def tune_threshold_params(
+    search: Callable[[np.ndarray, float, ThresholdParams], list[np.ndarray]],
+    queries: np.ndarray,
+    taus: dict[str, float],
+    truth: dict[str, list[np.ndarray]],
+    base: ThresholdParams,
+    target: float,
+) -> tuple[ThresholdParams, dict, list[dict]]:
+    """The cheapest grid point whose set recall reaches ``target`` at every threshold in ``taus``.
+
+    ``search(queries, tau, params) -> found rows per query``. Returns ``(params, recall per threshold name,
+    tuning table)``; when no grid point reaches the target, the best one (by its lowest set recall)."""
+    table = []
+    for leaves_factor, reorder_factor in TUNING_GRID:
+        p = dataclasses.replace(base, leaves_factor=float(leaves_factor), reorder_factor=float(reorder_factor))
+        recalls = {name: set_recall(search(queries, tau, p), truth[name]) for name, tau in taus.items()}
+        table.append({"leaves_factor": leaves_factor, "reorder_factor": reorder_factor, "set_recall": recalls})
+        if _worst(table[-1]) >= target:
+            return p, recalls, table
+    best = max(table, key=_worst)
+    p = dataclasses.replace(
+        base, leaves_factor=float(best["leaves_factor"]), reorder_factor=float(best["reorder_factor"])
+    )
+    return p, best["set_recall"], table
+
+
+def _worst(row: dict) -> float:
+    measured = [r for r in row["set_recall"].values() if r is not None]
+    return min(measured) if measured else 1.0
+
+
+def default_threshold_params(n: int, reorder: int) -> ThresholdParams:
+    """``start_k`` = the re-ranking depth (free in the first round), ``max_k`` = n / 10 (then a scan is cheaper)."""
+    max_k = max(1, n // 10)
+    return ThresholdParams(start_k=max(1, min(int(reorder), max_k)), max_k=max_k)
+
+
+def scann_leaves(base_leaves: int, num_leaves: int, n: int, k: int, p: ThresholdParams) -> int:
+    """Leaves to search at top-k ``k``: the tuned top-10 setting times ``leaves_factor``, and enough leaves to hold
+    twice the re-scored candidates; never more than all of them."""
+    pre = math.ceil(p.reorder_factor * k)
+    return int(min(num_leaves, max(math.ceil(p.leaves_factor * base_leaves), math.ceil(2 * pre * num_leaves / n))))

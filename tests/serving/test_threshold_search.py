@@ -1,0 +1,162 @@
+"""Threshold search: the approximate search's set recall against the manifest's measured figure, the growth rule
+(ties at tau, limit, fall-back past max_k) against brute force, and exact search equal to brute force on
+galleries where pruning does and does not help."""
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+from serving_fixtures import clustered_unit_vectors
+
+from ce_retrieval.serving import layout
+from ce_retrieval.serving.gallery import GalleryIndex
+from ce_retrieval.serving.index import build_index
+from ce_retrieval.serving.partitions import build_partitions, threshold_search
+from ce_retrieval.serving.threshold_search import ThresholdParams, grow_topk_threshold, set_recall
+
+
+def brute_force(q, x, tau):
+    """Rows with q.x >= tau per query, as sets, in float64 (the reference)."""
+    s = q.astype(np.float64) @ x.astype(np.float64).T
+    return [set(np.flatnonzero(row >= tau).tolist()) for row in s]
+
+
+def grid_unit_vectors(n, dim, seed):
+    """Unit vectors with four entries of +-1/2: every dot product is an exact multiple of 1/4 in float32, in any
+    summation order, so many items tie exactly at tau = 0.5."""
+    rng = np.random.default_rng(seed)
+    x = np.zeros((n, dim), np.float32)
+    for i in range(n):
+        x[i, rng.choice(dim, 4, replace=False)] = rng.choice([-0.5, 0.5], 4)
+    return x
+
+
+@pytest.fixture(scope="module")
+def approx_index(tmp_path_factory, base_export):
+    root = str(tmp_path_factory.mktemp("threshold_export"))
+    for part in (layout.TEXT_ENCODER, layout.IMAGE_ENCODER):
+        shutil.copytree(os.path.join(base_export["dir"], part), os.path.join(root, part))
+    vectors = clustered_unit_vectors(6300, 16, num_clusters=30, spread=0.6, seed=11)
+    x, queries = vectors[:6000], vectors[6000:]
+    ids = np.arange(6000, dtype=np.int64) * 3 - 50
+    manifest = build_index(x, ids, root, 1, thresholds={"0.9": 0.8, "0.5": 0.6}, brute_force_below=1000)
+    index = GalleryIndex.load(os.path.join(root, "index", "1"))
+    return {"index": index, "manifest": manifest, "x": x, "ids": ids, "queries": queries}
+
+
+def test_manifest_records_set_recall_at_calibrated_thresholds(approx_index):
+    info = approx_index["manifest"]["threshold_search"]
+    approx = info["approximate"]
+    assert set(approx["set_recall"]) == {"0.9", "0.5", "median_100_hits"}
+    assert approx["thresholds"]["0.9"] == 0.8 and approx["num_queries"] == 200
+    assert approx["meets_target"] and approx["set_recall_min"] >= approx["target"] == 0.99
+    assert info["default"] == "approximate" and approx_index["index"].threshold_params is not None
+
+
+def test_approximate_set_recall_at_least_the_recorded_figure(approx_index):
+    """Fresh held-out queries (not the build's): set recall within a loose bound of the manifest's figure; every
+    returned item is a true hit with its exact score."""
+    index, x, ids, q = approx_index["index"], approx_index["x"], approx_index["ids"], approx_index["queries"]
+    approx = approx_index["manifest"]["threshold_search"]["approximate"]
+    row_of = {int(i): r for r, i in enumerate(ids)}
+    for name, tau in approx["thresholds"].items():
+        got_ids, got_scores = index.threshold(q, tau)
+        truth = brute_force(q, x, tau)
+        got_rows = [np.array(sorted(row_of[int(i)] for i in g), np.int64) for g in got_ids]
+        recall = set_recall(got_rows, [np.array(sorted(t), np.int64) for t in truth])
+        assert recall is None or recall >= approx["set_recall"][name] - 0.02, (name, recall)
+        for b, (g, s) in enumerate(zip(got_rows, got_scores, strict=True)):
+            assert set(g.tolist()) <= truth[b]  # nothing below tau
+            assert np.all(np.diff(s) <= 0) and np.all(s >= np.float32(tau))
+            np.testing.assert_allclose(np.sort(s), np.sort(q[b] @ x[g].T), atol=1e-5)
+
+
+def test_exact_flag_and_limit_on_the_index(approx_index):
+    index, x, ids, q = approx_index["index"], approx_index["x"], approx_index["ids"], approx_index["queries"]
+    tau = approx_index["manifest"]["threshold_search"]["approximate"]["thresholds"]["median_100_hits"]
+    row_of = {int(i): r for r, i in enumerate(ids)}
+    truth = brute_force(q, x, tau)
+    got_ids, _ = index.threshold(q, tau, exact=True)
+    assert [{row_of[int(i)] for i in g} for g in got_ids] == truth
+    limited, scores = index.threshold(q, tau, limit=5)
+    for lim, t, s in zip(limited, truth, scores, strict=True):
+        assert {row_of[int(i)] for i in lim} <= t and np.all(np.diff(s) <= 0)
+        if len(t) >= 20:  # more than the limit comes back: the caller sees the answer was cut and truncates
+            assert len(lim) > 5
+
+
+def exact_topk(scores64):
+    """A top-k function over fixed float32 scores [B, n]: stable, exact; pads with NaN past n."""
+
+    def topk(qsel, k):
+        s = scores64[qsel[:, 0].astype(np.int64)]
+        order = np.argsort(-s, axis=1, kind="stable")[:, :k]
+        return order, np.take_along_axis(s, order, axis=1)
+
+    return topk
+
+
+@pytest.mark.parametrize("limit", [None, 3])
+def test_growth_rule_keeps_ties_at_tau_and_falls_back_past_max_k(limit):
+    """Scores with long runs of ties at tau straddling every k: growth must continue while the k-th score equals tau;
+    queries whose hits exceed max_k are answered by the exact function."""
+    rng = np.random.default_rng(0)
+    n, tau = 400, np.float32(0.5)
+    scores = rng.choice(np.array([0.75, 0.5, 0.25, 0.0], np.float32), size=(6, n), p=[0.02, 0.1, 0.3, 0.58])
+    scores[1, :40] = tau  # 40 ties at tau
+    scores[2, :] = np.float32(0.9)  # every item is a hit: past max_k
+    scores[3, :] = np.float32(0.1)  # no hit
+    queries = np.arange(6, dtype=np.float32)[:, None]
+    calls = []
+
+    def exact(qsel, t):
+        calls.append(len(qsel))
+        rows = [np.argsort(-scores[int(i)], kind="stable")[: np.sum(scores[int(i)] >= t)] for i in qsel[:, 0]]
+        return rows, [scores[int(i)][r] for i, r in zip(qsel[:, 0], rows, strict=True)]
+
+    p = ThresholdParams(start_k=4, max_k=64, growth=2)
+    rows, got, stats = grow_topk_threshold(queries, float(tau), exact_topk(scores), exact, p, limit=limit)
+    for b in range(6):
+        want = np.flatnonzero(scores[b] >= tau)
+        if limit is None:
+            assert sorted(rows[b].tolist()) == want.tolist()
+        else:
+            assert len(rows[b]) > limit or sorted(rows[b].tolist()) == want.tolist()
+            assert set(rows[b].tolist()) <= set(want.tolist())
+            assert np.all(got[b][:limit] == np.sort(scores[b][want])[::-1][:limit])
+        assert np.all(np.diff(got[b]) <= 0)
+    beyond = int(np.sum(np.sum(scores >= tau, axis=1) >= p.max_k))  # the k-th score still clears tau at max_k
+    assert beyond >= 1 and calls == ([beyond] if limit is None else [])  # only those queries needed the scan
+    assert stats["exact_queries"] == (beyond if limit is None else 0)
+
+
+@pytest.mark.parametrize("case", ["pruning_helps", "pruning_cannot_help", "ties_at_tau"])
+def test_exact_search_equals_brute_force(case):
+    if case == "pruning_helps":  # tight, well-separated clusters and a selective threshold
+        x = clustered_unit_vectors(4000, 8, num_clusters=40, spread=0.1, seed=2)
+        q = clustered_unit_vectors(32, 8, num_clusters=40, spread=0.1, seed=2)
+        taus = (0.95, 0.99)
+    elif case == "pruning_cannot_help":  # diffuse high-dimensional data, low threshold
+        x = clustered_unit_vectors(4000, 64, num_clusters=5, spread=2.0, seed=4)
+        q = clustered_unit_vectors(32, 64, num_clusters=5, spread=2.0, seed=5)
+        taus = (0.0, 0.1)
+    else:
+        x = grid_unit_vectors(3000, 12, seed=6)
+        q = grid_unit_vectors(24, 12, seed=7)
+        taus = (0.5, 0.25)
+    order, parts = build_partitions(x, 60)
+    xs = x[order]
+    for tau in taus:
+        rows, scores, scored = threshold_search(q, xs, tau, parts, query_batch=16)
+        truth = brute_force(q, xs, tau)
+        assert [set(r.tolist()) for r in rows] == truth
+        for r, s, qq in zip(rows, scores, q, strict=True):
+            np.testing.assert_allclose(s, qq @ xs[r].T, atol=1e-6)
+            assert np.all(np.diff(s) <= 0)
+        if case == "pruning_helps":
+            assert scored < 0.5 * len(q) * len(x), scored
+        if case == "pruning_cannot_help":
+            assert scored == len(q) * len(x)  # a plain scan, no gather
+        if case == "ties_at_tau":
+            assert sum(np.sum(s == np.float32(tau)) for s in scores) > 10  # exact ties at tau were kept
