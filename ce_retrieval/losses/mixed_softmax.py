@@ -16,7 +16,8 @@ cure CE's slow start from scratch at λ = 20 on the demo (a lower λ does, for S
 
 The warm-up reads a training-step variable ``step`` that :class:`~ce_retrieval.losses.AnnealingStepCallback`
 keeps equal to the optimizer's step (the retrieval task adds it for every ``annealed`` loss). Dense path only:
-``tile_size`` is refused (``supports_tiled``) and the sharded train step refuses the class (``SHARDED_LOSSES``).
+it declares neither ``supports_tiled`` nor ``supports_sharded``, so ``tile_size`` and the retrieval objective's
+tiled and sharded paths refuse it with the alternatives named.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ class MixedSoftmax(SoftmaxFamilyLoss):
     function = mixed_softmax
     annealed = True
     supports_tiled = False
+    supports_sharded = False
 
     def __init__(
         self,
