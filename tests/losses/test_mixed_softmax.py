@@ -103,6 +103,9 @@ def test_bad_arguments_and_refused_paths():
             MixedSoftmax(warmup_steps=bad)
     with pytest.raises(ValueError, match="tile_size is not supported"):
         MixedSoftmax(tile_size=64)
-    from ce_retrieval.losses.sharded import SHARDED_LOSSES
+    from ce_retrieval.objective import RetrievalObjective
 
-    assert "MixedSoftmax" not in SHARDED_LOSSES
+    with pytest.raises(ValueError, match="MixedSoftmax cannot"):
+        RetrievalObjective(MixedSoftmax(), partition="sharded")
+    with pytest.raises(ValueError, match="MixedSoftmax has none"):
+        RetrievalObjective(MixedSoftmax(), tile_size=64)
