@@ -13,6 +13,7 @@ import pytest  # noqa: E402
 import reference_packages  # noqa: E402  (tests/ is on sys.path: rootdir conftest)
 import tensorflow as tf  # noqa: E402
 import tf_keras  # noqa: E402
+from tensorflow.python.framework import config as tf_config  # noqa: E402  (op determinism has no public off switch)
 
 import ce_retrieval  # noqa: E402,F401
 
@@ -36,6 +37,10 @@ def _fresh_keras_state():
     tf.random.set_global_generator(tf.random.Generator.from_seed(0))
     yield
     tf_keras.mixed_precision.set_global_policy("float32")
+    # train(deterministic=True) turns op determinism on process-wide; a later test on the same worker must not
+    # inherit it (XLA has no deterministic MaxPool gradient, so an XLA step after a training test would fail).
+    if tf_config.is_op_determinism_enabled():
+        tf_config.disable_op_determinism()
 
 
 @pytest.fixture
