@@ -32,6 +32,28 @@ def _write_images(data: synthetic.SyntheticSplit, folder: str) -> None:
         atomic_write_bytes(os.path.join(folder, _image_name(image_id)), image, fsync=False)
 
 
+def write_karpathy_index(splits: dict, out_dir: str, dataset: str) -> str:
+    """Writes every split's images as ``out_dir/<split>/<id>.png`` and their captions as a Karpathy split file
+    ``out_dir/dataset_<dataset>.json`` (``filepath``/``filename``/``split``/``imgid``/``sentences``); returns its
+    path. ``splits``: ``{split: data}`` with ``image_ids``, ``captions`` and ``images`` as a synthetic split's."""
+    entries = []
+    for split, data in splits.items():
+        _write_images(data, os.path.join(out_dir, split))
+        for image_id, captions in zip(data.image_ids.tolist(), data.captions, strict=True):
+            entries.append(
+                {
+                    "filepath": split,
+                    "filename": _image_name(image_id),
+                    "split": split,
+                    "imgid": image_id,
+                    "sentences": [{"raw": c, "tokens": c.split()} for c in captions],
+                }
+            )
+    index = os.path.join(out_dir, f"dataset_{dataset}.json")
+    atomic_write_text(index, json.dumps({"dataset": dataset, "images": entries}))
+    return index
+
+
 def export_synthetic(cfg: DataConfig, out_dir: str, fmt: str = "karpathy", num_shards: int = 2) -> DataConfig:
     """Write the synthetic splits of ``cfg`` under ``out_dir`` in ``fmt``; return a config that reads them."""
     if cfg.name != "synthetic":
@@ -46,21 +68,7 @@ def export_synthetic(cfg: DataConfig, out_dir: str, fmt: str = "karpathy", num_s
         if f.name in ("skip_corrupt", "validate_images", "shuffle_buffer", "vocab_path", "vocab_size")
     }
     if fmt == "karpathy":
-        entries = []
-        for split, data in splits.items():
-            _write_images(data, os.path.join(out_dir, split))
-            for image_id, captions in zip(data.image_ids.tolist(), data.captions, strict=True):
-                entries.append(
-                    {
-                        "filepath": split,
-                        "filename": _image_name(image_id),
-                        "split": split,
-                        "imgid": image_id,
-                        "sentences": [{"raw": c, "tokens": c.split()} for c in captions],
-                    }
-                )
-        index = os.path.join(out_dir, "dataset_synthetic.json")
-        atomic_write_text(index, json.dumps({"dataset": "synthetic", "images": entries}))
+        index = write_karpathy_index(splits, out_dir, "synthetic")
         return DataConfig(name="karpathy", karpathy_json=index, image_root=out_dir, **keep)
     if fmt == "cc_tsv":
         paths = {}

@@ -24,7 +24,7 @@ import os
 import numpy as np
 
 from ce_retrieval.data.config import DataConfig, SplitPaths
-from ce_retrieval.data.export import _image_name, _write_images
+from ce_retrieval.data.export import write_karpathy_index
 from ce_retrieval.data.schema import CAPTION, IMAGE, IMAGE_ID
 from ce_retrieval.data.tfrecords import write_tfrecords
 from ce_retrieval.utils.atomic import atomic_write_text
@@ -73,22 +73,8 @@ def _sidecar(splits: dict[str, FamilySplit], out_dir: str) -> None:
 def write_karpathy(splits: dict[str, FamilySplit], out_dir: str, dataset: str) -> DataConfig:
     """``out_dir/dataset_<dataset>.json`` (Karpathy split format) + ``out_dir/<split>/<id>.png`` + the sidecar;
     returns the ``karpathy`` config that reads them."""
-    entries = []
-    for split, data in splits.items():
-        _write_images(data, os.path.join(out_dir, split))
-        for image_id, captions in zip(data.image_ids.tolist(), data.captions, strict=True):
-            entries.append(
-                {
-                    "filepath": split,
-                    "filename": _image_name(image_id),
-                    "split": split,
-                    "imgid": image_id,
-                    "sentences": [{"raw": c, "tokens": c.split()} for c in captions],
-                }
-            )
+    index = write_karpathy_index(splits, out_dir, dataset)
     _sidecar(splits, out_dir)
-    index = os.path.join(out_dir, f"dataset_{dataset}.json")
-    atomic_write_text(index, json.dumps({"dataset": dataset, "images": entries}))
     return DataConfig(name="karpathy", karpathy_json=index, image_root=out_dir)
 
 
