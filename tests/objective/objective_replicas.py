@@ -100,7 +100,13 @@ def main():
         results[f"{name}/replicated"] = compare(
             strategy, lambda loss=loss, bias=bias: (RetrievalObjective(loss, logit_bias=bias), LogitScale())
         )
-    family = [n for n in losses.available() if issubclass(losses.lookup(n), losses.SoftmaxFamilyLoss)]
+    family = [  # the softmax losses with every path (MixedSoftmax is dense only, covered above)
+        n
+        for n in losses.available()
+        if issubclass(losses.lookup(n), losses.SoftmaxFamilyLoss)
+        and losses.lookup(n).supports_tiled
+        and losses.lookup(n).supports_sharded
+    ]
     for name in family:
         for partition, tile, bidirectional, learn in [
             ("replicated", 3, False, False),
