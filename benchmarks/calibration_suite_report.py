@@ -67,7 +67,8 @@ def _cell(cell: dict) -> str:
     return text
 
 
-def markdown(outcome: dict, tables: dict, plan, minutes: float) -> str:
+def markdown(outcome: dict, tables: dict, plan, minutes: float, machine: dict | None = None) -> str:
+    machine = machine or {}
     lines = [
         "# Calibration suite (#21): objectives x dataset families x regimes, paired seeds",
         "",
@@ -76,6 +77,16 @@ def markdown(outcome: dict, tables: dict, plan, minutes: float) -> str:
         f"{plan.scratch_epochs} x {plan.scratch_steps_per_epoch} steps at batch {plan.scratch_batch}. "
         f"Wall time of this invocation {minutes:.1f} min (cached runs are read, not re-trained).",
         "",
+        *(
+            [
+                f"Machine: {machine.get('cpu', '?')}, {machine.get('cores', '?')} cores; load average (1 min) "
+                f"{machine.get('load_min', 0):.1f}–{machine.get('load_max', 0):.1f} during the run; "
+                f"{machine.get('date', '?')}.",
+                "",
+            ]
+            if machine
+            else []
+        ),
         "Cells: mean ± sd over seeds, in % (OPIS ×100); Δ = paired mean difference to SS (same seed), "
         "p = two-sided paired t-test. Test split; thresholds chosen on the validation split.",
         "",
@@ -129,13 +140,14 @@ def plot_family(path: str, family: str, groups: dict) -> str:
     return path
 
 
-def write(results_dir: str, outcome: dict, plan, minutes: float) -> list[str]:
+def write(results_dir: str, outcome: dict, plan, minutes: float, machine: dict | None = None) -> list[str]:
     os.makedirs(results_dir, exist_ok=True)
     groups = _groups(outcome["runs"])
     tables = {key: table_rows(by_objective) for key, by_objective in groups.items()}
     record = {
         "plan": repr(plan),
         "minutes": minutes,
+        "machine": machine or {},
         "skipped": outcome["skipped"],
         "tables": {f"{regime}/{family}": rows for (regime, family), rows in tables.items()},
         "runs": [
@@ -148,7 +160,7 @@ def write(results_dir: str, outcome: dict, plan, minutes: float) -> list[str]:
     with open(files[0], "w") as f:
         json.dump(record, f, indent=1)
     with open(files[1], "w") as f:
-        f.write(markdown(outcome, tables, plan, minutes))
+        f.write(markdown(outcome, tables, plan, minutes, machine))
     for family in sorted({f for _, f in groups}):
         files.append(plot_family(os.path.join(results_dir, f"{family}.png"), family, groups))
     return files
