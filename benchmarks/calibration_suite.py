@@ -23,8 +23,8 @@ test embeddings (for ``--analyse``); ``--results`` (default ``benchmarks/results
 its p-value) and ``<family>.png``; with ``--analyse`` also ``analysis.md`` / ``analysis.json`` / ``analysis_*.png``
 (``calibration_analysis.py``: why CE loses text->image R@1 where it does).
 
-    python benchmarks/calibration_suite.py                       # default plan, <= 45 min (estimate printed)
-    python benchmarks/calibration_suite.py --plan full           # both regimes on every family (~80 min)
+    python benchmarks/calibration_suite.py                       # default plan: 14.3 min on 2 idle cores (<= 45)
+    python benchmarks/calibration_suite.py --plan full           # both regimes on every family (~27 min)
     python benchmarks/calibration_suite.py --regimes heads       # the converged regime only (cheap)
     python benchmarks/calibration_suite.py --quick --out /tmp/cs --results /tmp/cs/results   # smoke (< 1 min)
     python benchmarks/calibration_suite.py --analyse             # part 3's evidence from the runs on disk
@@ -49,10 +49,10 @@ from benchmarks.family_features import PretrainConfig  # noqa: E402
 from ce_retrieval.data.families import FAMILIES, FamilySize  # noqa: E402
 
 REGIMES = ("heads", "scratch")
-# Rough costs on 2 idle cores for the plan's estimate, read from earlier records rather than measured here: the
-# README's demo (2 x 500 scratch steps at batch 64 with evaluation in 6.4 min) and paper_tables.py (30 heads runs of
-# 1,200 steps at batch 512 plus sweeps in 30 min). Check them against the seconds each run records.
-EST_SECONDS = {"family": 40.0, "features": 90.0, "heads_per_step": 0.025, "scratch_per_step": 0.3, "eval": 5.0}
+# Costs on 2 idle cores for the plan's estimate, from the default plan's record (benchmarks/results/
+# calibration_suite_default: 14.3 min; a family with its tower pretraining ~60 s, a heads run of 400 steps ~4.3 s
+# with its evaluations, a scratch run of 500 steps ~55 s). Check them against the seconds each run records.
+EST_SECONDS = {"family": 5.0, "features": 55.0, "heads_per_step": 0.008, "scratch_per_step": 0.1, "eval": 1.0}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,9 +92,9 @@ class Plan:
         return tuple(f for f in self.families if self.scratch_families is None or f in self.scratch_families)
 
 
-# The default plan fits the 45-minute budget: every objective in the converged regime on every family, and the
-# demo-budget regime for SS and CE on the digits (the family where #21 saw CE lose text->image R@1). FULL adds the
-# demo-budget regime on every family (about 80 min: 500 real training steps cost about 0.3 s each).
+# The default plan fits the 45-minute budget (measured: 14.3 min on 2 idle cores): every objective in the converged
+# regime on every family, and the demo-budget regime for SS and CE on the digits (the family where #21 saw CE lose
+# text->image R@1). FULL adds the demo-budget regime on every family and 600 heads steps (about 27 min).
 DEFAULT = Plan(heads_steps=400, scratch_families=("digits",))
 FULL = Plan()
 

@@ -75,7 +75,8 @@ def markdown(outcome: dict, tables: dict, plan, minutes: float, machine: dict | 
         f"Plan: families {', '.join(plan.families)}; {plan.seeds} paired seeds; heads regime "
         f"{plan.heads_steps} steps at batch {plan.heads_batch}; scratch regime "
         f"{plan.scratch_epochs} x {plan.scratch_steps_per_epoch} steps at batch {plan.scratch_batch}. "
-        f"Wall time of this invocation {minutes:.1f} min (cached runs are read, not re-trained).",
+        f"Wall time of this invocation {minutes:.1f} min for {len(outcome['runs'])} runs (cached runs are read, "
+        "not re-trained).",
         "",
         *(
             [
