@@ -75,6 +75,7 @@ def main():
     ap.add_argument("--out", default=None, help="write all figures as JSON here")
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
+    load_start = [round(v, 2) for v in os.getloadavg()]
     rows, info = (
         [],
         {
@@ -220,31 +221,48 @@ def main():
 
     for r in rows:
         r["qps_vs_exact"] = r["qps"] / exact_qps
-    print(
-        f"\nN={args.n} d={args.dim} queries={args.queries} clusters={args.clusters} spread={args.spread}; "
-        f"exact batched {exact_qps:.1f} q/s"
-    )
-    print("| method | setting | recall@10 | batched q/s | x exact | single p50 ms | p99 ms | build s |")
-    print("|---|---|---|---|---|---|---|---|")
+    report = [
+        f"N={args.n} d={args.dim} queries={args.queries} clusters={args.clusters} spread={args.spread}; "
+        f"exact batched {exact_qps:.1f} q/s",
+        "",
+        "| method | setting | recall@10 | batched q/s | x exact | single p50 ms | p99 ms | build s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        print(
+        report.append(
             f"| {r['method']} | {r['setting']} | {r['recall@10']:.4f} | {r['qps']:.0f} | {r['qps_vs_exact']:.0f} | "
             f"{r['p50_ms']:.3f} | {r['p99_ms']:.3f} | {r['build_s']:.1f} |"
         )
+    print("\n" + "\n".join(report))
     best = {}
     for r in rows:
         if r["recall@10"] >= 0.95 and r["method"] != "exact numpy":
             best[r["method"]] = max(best.get(r["method"], 0.0), r["qps"])
     info["best_qps_at_recall_0.95"] = best
     print(f"\nbest batched q/s at recall@10 >= 0.95: {json.dumps({k: round(v) for k, v in best.items()})}")
-    print(
-        f"exact threshold search (tau={tau:.4f}, {info['threshold_search']['mean_hits']:.0f} hits/query): "
+    report += [
+        "",
+        f"Best batched q/s at recall@10 >= 0.95: {json.dumps({k: round(v) for k, v in best.items()})}.",
+        f"Exact threshold search (tau={tau:.4f}, {info['threshold_search']['mean_hits']:.0f} hits/query): "
         f"{100 * info['threshold_search']['fraction_scored']:.1f}% of dot products, "
-        f"{info['threshold_search']['speedup_vs_brute']:.2f}x brute force"
-    )
+        f"{info['threshold_search']['speedup_vs_brute']:.2f}x brute force.",
+    ]
+    print("\n".join(report[-3:]))
+    info["load_average_1_5_15"] = {"start": load_start, "end": [round(v, 2) for v in os.getloadavg()]}
+    info["date"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    info["command"] = "python benchmarks/ann.py " + " ".join(sys.argv[1:])
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"info": info, "rows": rows}, f, indent=2)
+        head = [
+            f"# ANN search, N = {args.n:,} ({info['date']})",
+            "",
+            f"`{info['command']}`; {os.cpu_count()} CPUs; load average (1, 5, 15 min) at start {load_start}, "
+            f"at end {info['load_average_1_5_15']['end']}.",
+            "",
+        ]
+        with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
+            f.write("\n".join(head + report) + "\n")
 
 
 if __name__ == "__main__":
