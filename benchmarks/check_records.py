@@ -7,8 +7,8 @@ Reads the ``## Summary`` table of ``BENCHMARKS.md`` and reports (exit status 1) 
 * a row links no record under ``benchmarks/results/`` (a row whose command cell starts with "same" shares the
   record of the row above; a row marked ``history`` with its date, e.g. "history (measured 2026-11-22, no
   record)", is a figure kept for the record of what was once measured and needs none);
-* a Markdown record of the row states no date (YYYY-MM-DD) or says nothing of the machine's load (the word
-  "load": what else ran beside the measurement, or that the run did not record it);
+* a Markdown record of the row states no date (YYYY-MM-DD), names no machine (its cores or CPU) or says nothing
+  of the machine's load (the word "load": what else ran beside the measurement, or that the run did not record it);
 * a number of the row's result cell is in none of its records. A record number matches a figure when it rounds to
   it at the precision shown ("+5.18" matches 5.184, "1.7e-5" matches 1.72e-05, "10,228" matches 10228); fractions
   stored in JSON match the percentages shown (0.303 for 30.3);
@@ -115,6 +115,11 @@ def _no_load(name: str, text: str) -> bool:
     return name.endswith(".md") and not re.search(r"\bload", text, re.IGNORECASE)
 
 
+def _no_machine(name: str, text: str) -> bool:
+    """A Markdown record must name the machine it ran on (at least its cores or its CPU)."""
+    return name.endswith(".md") and not re.search(r"\b(cores?|CPUs?)\b", text, re.IGNORECASE)
+
+
 def _slug(heading: str) -> str:
     """GitHub's anchor of a Markdown heading."""
     text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
@@ -202,6 +207,7 @@ def check(root: pathlib.Path) -> list[str]:
         texts = {r: (root / r).read_text() for r in row.records}
         problems += [f"{where}: record {r} states no date (YYYY-MM-DD)" for r, t in texts.items() if _undated(r, t)]
         problems += [f"{where}: record {r} says nothing of the load" for r, t in texts.items() if _no_load(r, t)]
+        problems += [f"{where}: record {r} names no machine" for r, t in texts.items() if _no_machine(r, t)]
         numbers = {r: record_numbers(t) for r, t in texts.items()}
         for token in figures(row.result):
             if not any(contains(numbers[r], token, r.endswith(".json")) for r in row.records):

@@ -33,7 +33,7 @@ GOOD_ROW = (
     "| `b.py` · **met** ([record](benchmarks/results/r.md)) |\n"
 )
 GOOD_RECORD = (
-    "Measured 2026-11-25, load 1.2. eager 1.003x, graph 0.876x; answered 10228\n"
+    "Measured 2026-11-25 on 2 cores, load 1.2. eager 1.003x, graph 0.876x; answered 10228\n"
     "Mining: `ce_retrieval/losses/fast_paths.py`, `ce_retrieval.losses.Foo`\n"
 )
 SELECTION = "names 'ce_retrieval/losses/selection.py'"
@@ -57,8 +57,9 @@ def test_a_consistent_copy_passes_and_rows_can_share_or_be_history(tmp_path):
         (GOOD_ROW.replace("0.88×", "0.87×"), GOOD_RECORD, "", "figure '0.87' is in none"),
         (GOOD_ROW.replace("10,228", "10,229"), GOOD_RECORD, "", "figure '10,229' is in none"),
         (GOOD_ROW.replace("r.md", "gone.md"), GOOD_RECORD, "", "does not exist"),
-        (GOOD_ROW, GOOD_RECORD.replace("Measured 2026-11-25, load 1.2. ", ""), "", "states no date"),
+        (GOOD_ROW, GOOD_RECORD.replace("Measured 2026-11-25 on 2 cores, load 1.2. ", ""), "", "states no date"),
         (GOOD_ROW, GOOD_RECORD.replace(", load 1.2", ""), "", "says nothing of the load"),
+        (GOOD_ROW, GOOD_RECORD.replace(" on 2 cores", ""), "", "names no machine"),
         (
             GOOD_ROW,
             GOOD_RECORD.replace("fast_paths.py", "selection.py"),
