@@ -97,10 +97,12 @@ def make_inputs(n: int, dim: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 def ours_step(n: int, tile: int | None, mode: str):
     """``step(img, txt, t, b) -> (L, [dimg, dtxt, dt, db])`` by our tiled path, in ``tf.function`` (XLA)."""
+    # isort: off
     import ce_retrieval  # noqa: F401  (legacy Keras before TensorFlow)
     import tensorflow as tf
-
     from ce_retrieval.losses import SigmoidLoss
+
+    # isort: on
 
     loss = SigmoidLoss(scale=1.0, bias=0.0)  # t and b learned: the objective folds them into the embeddings
     ids = tf.range(n)
@@ -254,7 +256,9 @@ def torch_runner(img: np.ndarray, txt: np.ndarray, loss_fn):
             x.grad = None
         value = loss_fn(*leaves)
         value.backward()
-        return float(value), [x.grad.numpy() if x.grad is not None else np.zeros_like(x.detach().numpy()) for x in leaves]
+        return float(value.detach()), [
+            x.grad.numpy() if x.grad is not None else np.zeros_like(x.detach().numpy()) for x in leaves
+        ]
 
     return run
 
@@ -275,10 +279,12 @@ def run_case(case: dict) -> dict:
     img, txt = make_inputs(case["n"], case["dim"], case["seed"])
     extra = {}
     if case["method"] == "ours":
+        # isort: off
         import ce_retrieval  # noqa: F401  (legacy Keras before TensorFlow)
         import tensorflow as tf
-
         from ce_retrieval.losses.tiled import default_tile_size
+
+        # isort: on
 
         extra["tile"] = case["tile"] or default_tile_size(case["n"])  # what loss_tile_size auto picks at this N
         run = ours_runner(img, txt, extra["tile"], case["mode"])
@@ -456,7 +462,11 @@ def markdown(record: dict) -> str:
             f"them, {SIGLIP_KEPT} float32 per pair of its [N/W, N] rows (estimate, before the towers' "
             f"activations): {per_rank}.",
         ]
-    lines += ["", f"Agreement at N = {record['check_size']} (largest relative difference; loss, then the gradients):", ""]
+    lines += [
+        "",
+        f"Agreement at N = {record['check_size']} (largest relative difference; loss, then the gradients):",
+        "",
+    ]
     check = record["check"]
     if "error" in check:
         lines.append(f"- check failed: {check['error']}")
@@ -497,7 +507,9 @@ def main(argv=None) -> int:
     module, version = load_openclip_loss()
     openclip = f"open_clip_torch {version} (its own classes)" if module else f"re-implementation of {FOLLOWS}"
     blocks = sorted(set(args.blocks) | {1}, reverse=True)
-    check = in_subprocess({"check": True, "n": args.check_size, "dim": args.dim, "blocks": blocks, "seed": args.seed, "mode": args.mode})
+    check = in_subprocess(
+        {"check": True, "n": args.check_size, "dim": args.dim, "blocks": blocks, "seed": args.seed, "mode": args.mode}
+    )
     print(f"# agreement at N = {args.check_size}: {json.dumps(check)}", flush=True)
     rows = []
     for case in cases:

@@ -36,7 +36,7 @@ def leaves(img, txt, dtype):
 
 def value_and_grads(fn, xs):
     value = fn(*xs)
-    return float(value), [g.numpy() for g in torch.autograd.grad(value, xs)]
+    return float(value.detach()), [g.numpy() for g in torch.autograd.grad(value, xs)]
 
 
 @pytest.mark.parametrize("blocks", [2, 3, 4, 8])
