@@ -18,10 +18,10 @@ and its gradients with respect to ``img``, ``txt``, ``t`` and ``b``. Methods:
   bidirectional neighbour exchange brings (``dist_impl`` bidir, the default), each
   ``-logsigmoid(labels · (t·img_r txt_kᵀ + b)).sum() / n``, autograd keeping every block for the backward. The
   ranks' losses are averaged (what DDP's gradient averaging makes of them; it equals L). W = 1 is the plain,
-  non-distributed ``SigLipLoss``. With the ``open_clip`` package importable (``requirements-bench.txt``; only its
-  ``loss.py`` is loaded) its own class runs, its two neighbour-exchange functions replaced by an in-process
-  hand-over of the other ranks' blocks (:func:`hand_over_blocks`); otherwise :func:`chunked_siglip`, a
-  re-implementation of the same loop, runs, and the record says which.
+  non-distributed ``SigLipLoss``. With the ``open_clip`` package importable (``pip install --no-deps -r
+  requirements-bench.txt``; only its ``loss.py`` is loaded) its own class runs, its two neighbour-exchange
+  functions replaced by an in-process hand-over of the other ranks' blocks (:func:`hand_over_blocks`); otherwise
+  :func:`chunked_siglip`, a re-implementation of the same loop, runs, and the record says which.
 * ``clip``: OpenCLIP's ``ClipLoss`` (softmax, non-distributed), for reference; where ``open_clip`` is missing, the
   same two cross-entropies written out (:func:`clip_softmax`).
 
@@ -38,7 +38,7 @@ gradients; and OpenCLIP's class with the re-implementation when both are there).
 running.
 
     python benchmarks/siglip_openclip.py                           # N = 16384, 32768, 65536 (the issue's table)
-    python benchmarks/siglip_openclip.py --sizes 1024 --out /tmp   # smoke test
+    python benchmarks/siglip_openclip.py --sizes 1024 --out /tmp   # smoke test (1 min)
 
 Writes ``<out>/siglip_openclip.json`` and ``.md``: the command, the machine (CPU model, cores), the load average
 before and after each case, the date, the implementation of OpenCLIP that ran, and one row per case.
@@ -359,7 +359,13 @@ def in_subprocess(payload: dict) -> dict:
 
 def estimate_gib(method: str, n: int, blocks: int, dim: int) -> float:
     """Estimated peak memory of a torch case (GiB): the float32 values per pair autograd keeps over all blocks,
-    plus one block's transients, plus the embeddings and their gradients. Ours: 0 (its tiles are ``[N, T]``)."""
+    plus one block's transients, plus the embeddings and their gradients. Ours: 0 (its tiles are ``[N, T]``).
+
+    Counted with ``saved_tensors_hooks`` at N = 4096: 3.09 (W = 1) and 3.31 (W = 8) float32 per pair saved. Blocks
+    under glibc's mmap threshold (up to 32 MiB) come from the heap, whose free lists keep what the blocks freed: at
+    N = 4096, W = 8 (1 MiB blocks) the peak RSS is 413 MiB against 210 estimated, and 221 MiB with the threshold
+    fixed (``MALLOC_MMAP_THRESHOLD_=131072``). The cases the budget decides on (N ≥ 32768) have blocks of 64 MiB
+    and more, which are mapped and unmapped whole."""
     features = 8 * 4 * n * dim
     if method == "ours":
         return 0.0
@@ -370,8 +376,10 @@ def estimate_gib(method: str, n: int, blocks: int, dim: int) -> float:
 
 
 #: Seconds per pair (N²) of one forward+backward on 2 idle cores, and seconds to start a case's process (imports,
-#: inputs, XLA compilation): only for the run-time estimate printed before the run.
-SECONDS_PER_PAIR = {"ours": 1.0e-8, "openclip": 1.0e-8, "clip": 1.0e-8}
+#: inputs, XLA compilation): only for the run-time estimate printed before the run. Rough: ours from the tiled
+#: softmax loss at N = 32768 (11 s, benchmarks/results/tiled.md), the torch ones from N = 4096 on a loaded machine
+#: (load 5-6 on 2 cores) divided by 3.
+SECONDS_PER_PAIR = {"ours": 1.0e-8, "openclip": 3.0e-8, "clip": 4.0e-8}
 STARTUP_SECONDS = {"ours": 15.0, "openclip": 5.0, "clip": 5.0}
 
 
