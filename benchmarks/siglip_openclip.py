@@ -349,6 +349,8 @@ def in_subprocess(payload: dict) -> dict:
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if not lines:
+        if done.returncode == -9:  # SIGKILL: on Linux normally the out-of-memory killer
+            return {"error": "killed (SIGKILL; out of memory?)"}
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
         return {"error": f"exit {done.returncode}: " + " | ".join(tail)}
     return json.loads(lines[-1][len("RESULT ") :])
