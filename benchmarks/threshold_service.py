@@ -184,7 +184,10 @@ def query_modes(manifest: dict) -> tuple[list[tuple[str, dict]], dict, list[str]
         skipped.append("threshold rows: the index has no calibrated threshold")
     else:
         chosen.update(precision=float(level), threshold=thresholds[level])
-        modes += [("threshold", {"precision": float(level)}), ("threshold, exact", {"precision": float(level), "exact": True})]
+        modes += [
+            ("threshold", {"precision": float(level)}),
+            ("threshold, exact", {"precision": float(level), "exact": True}),
+        ]
     pmap = calibrated.get("probability")
     if pmap is None:
         skipped.append("min_probability: the index has no probability map")
@@ -357,8 +360,10 @@ def markdown(r: dict) -> str:
             f"{d['record_seconds']} s."
         )
     else:
-        lines.append(f"Main job: the finished run in `{d['workdir']}` reused ({d['record_date']}, its record.json "
-                     f"states {d['record_seconds']} s).")
+        lines.append(
+            f"Main job: the finished run in `{d['workdir']}` reused ({d['record_date']}, its record.json "
+            f"states {d['record_seconds']} s)."
+        )
     lines += [
         "",
         f"`ce-retrieval serve` in its own process ({' '.join(SERVER_FLAGS)}, --max_results {r['max_results']}); "
@@ -388,9 +393,7 @@ def _gallery_lines(g: dict) -> list[str]:
     if "precision" in g:
         lines[-1] += f"Threshold: precision {g['precision']:g} -> score {g['threshold']:.4f}. "
     if "min_probability" in g:
-        lines[-1] += (
-            f"min_probability {g['min_probability']:g} -> score {g['min_probability_threshold']:.4f}. "
-        )
+        lines[-1] += f"min_probability {g['min_probability']:g} -> score {g['min_probability_threshold']:.4f}. "
     if g.get("manifest_set_recall"):
         lines[-1] += f"Set recall measured at build (manifest): {g['manifest_set_recall']}. "
     if g.get("served_set_recall_vs_exact") is not None:
