@@ -161,7 +161,7 @@ def run(n: int, num_queries: int, repeats: int, workdir: str, keep: bool = False
     ``save(record)`` is called after the build and after each timed query with the record so far
     (``"complete": false``), so an interrupted run leaves what it measured."""
     save = save or (lambda record: None)
-    load = [os.getloadavg()]
+    load = [_loadavg()]
     queries = hard_gallery(num_queries, seed=SEED + 1)
     work = os.path.join(workdir, f"threshold_search_{n}")
     state = built_state(work, n, num_queries) if keep else None
@@ -171,7 +171,7 @@ def run(n: int, num_queries: int, repeats: int, workdir: str, keep: bool = False
     tau = state["tau"]
     index = GalleryIndex.load(os.path.join(work, "index"), expected_model=MODEL, mmap=True)
     xs = np.load(os.path.join(work, "index", "embeddings.npy"), mmap_mode="r")
-    load.append(os.getloadavg())
+    load.append(_loadavg())
     record = {
         "benchmark": "threshold_search",
         "complete": False,
@@ -198,7 +198,7 @@ def run(n: int, num_queries: int, repeats: int, workdir: str, keep: bool = False
         seconds, results[name] = timed(fn, repeats)
         record["queries_per_second"][name] = round(b / seconds, 1)
         save(record)
-    load.append(os.getloadavg())
+    load.append(_loadavg())
     # the exact answer, by ids: the scan's rows (leaf order) mapped to gallery ids
     truth = [np.sort(index.ids[r]) for r in results["numpy_scan"]]
     recall = set_recall([np.sort(i) for i in results["threshold_approximate"][0]], truth)
@@ -220,6 +220,10 @@ def run(n: int, num_queries: int, repeats: int, workdir: str, keep: bool = False
         "set_recall_held_out": recall,
         "exact_equals_scan": bool(exact_equal),
     }
+
+
+def _loadavg() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
 
 
 def _machine() -> dict:
