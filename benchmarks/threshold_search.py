@@ -26,10 +26,11 @@ the end), so an interrupted run keeps what it measured; with ``--keep`` the buil
 ``WORKDIR/threshold_search_<n>/`` and a re-run with ``--keep`` reuses it instead of generating and building again.
 
 Memory: the gallery is generated into a memory-mapped ``.npy`` in WORKDIR and handed to ``write_index_folder`` as
-it is, so the benchmark holds no in-memory copy of it; the build's own peak (its leaf-ordered copy, ScaNN while it
-is built and once more when the folder is loaded back) is what remains: about 3 gallery sizes (~16 GB at 10M x
-128, the 10M single-index build of ``benchmarks/sharded_index.py`` measured 20.7 GB including 5.1 GB of
-memory-mapped input pages). Disk: the gallery (5.1 GB at 10M, removed after the build) and the index (~11 GB).
+it is, so its pages are file-backed (the kernel can drop them) instead of an anonymous copy held beside the build's
+own leaf-ordered copy; the build's peak (that copy, ScaNN while it is built and once more when the folder is
+loaded back) is what remains. Measured at 400k (peak RssAnon, sampled): 1.25 GB before this change, 1.05 GB after
+(one gallery copy less); at 10M x 128 that copy is 5.1 GB. Disk: the gallery (5.1 GB at 10M, removed after the
+build) and the index (~11 GB).
 tau comes from one blocked pass over the gallery, and the exact answer is the timed scan's.
 """
 
