@@ -36,14 +36,13 @@ import argparse
 import dataclasses
 import json
 import os
-import platform
 import sys
-import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import ce_retrieval  # noqa: E402,F401  (legacy Keras before TensorFlow)
+from benchmarks import machine_load  # noqa: E402
 from benchmarks import suite_objectives as so  # noqa: E402
 from benchmarks.family_features import PretrainConfig  # noqa: E402
 from ce_retrieval.data.families import FAMILIES, FamilySize  # noqa: E402
@@ -317,26 +316,6 @@ def run_plan(plan: Plan, out: str, recipe=None, rerun: bool = False, log=print) 
     return {"runs": docs, "skipped": skipped}
 
 
-class _LoadSampler(threading.Thread):
-    """Samples the 1-minute load average every minute, so the record says what else ran beside the suite."""
-
-    def __init__(self, loads: list):
-        super().__init__(daemon=True)
-        self.loads, self.stop = loads, threading.Event()
-
-    def run(self):
-        while not self.stop.wait(60.0):
-            self.loads.append(os.getloadavg()[0])
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown CPU"
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="runs/calibration_suite")
@@ -365,23 +344,15 @@ def main(argv=None) -> int:
     plan = dataclasses.replace(plan, **{k: v for k, v in changes.items() if v is not None})
     recipe = so.recipe_objective(json.loads(args.recipe)) if args.recipe else None
     print(f"[suite] plan: {plan}\n[suite] estimated {plan.estimate_minutes():.0f} min on 2 idle cores", flush=True)
-    start, loads = time.perf_counter(), [os.getloadavg()[0]]
-    sampler = _LoadSampler(loads)
+    start, loads = time.perf_counter(), []
+    sampler = machine_load.LoadSampler(loads)
     sampler.start()
     try:
         outcome = run_plan(plan, args.out, recipe, args.rerun)
     finally:
         sampler.stop.set()
     minutes = (time.perf_counter() - start) / 60
-    loads.append(os.getloadavg()[0])
-    machine = {
-        "cpu": _cpu_name(),
-        "cores": os.cpu_count(),
-        "load_min": min(loads),
-        "load_max": max(loads),
-        "load_samples": [round(x, 2) for x in loads],
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-    }
+    machine = machine_load.machine(loads)
 
     from benchmarks import calibration_suite_report
 

@@ -8,6 +8,6 @@ Floors: ``losses`` (and ``utils``) below, ``modeling`` and ``keras`` above; this
 from ce_retrieval.objective.logit_bias import LogitBias
 from ce_retrieval.objective.logit_scale import LogitScale
 from ce_retrieval.objective.objective import ObjectiveResult, RetrievalObjective
-from ce_retrieval.objective.paths import AUTO, LOSS_PARTITIONS
+from ce_retrieval.objective.paths import AUTO, LOSS_PARTITIONS, LossPath
 
-__all__ = ["AUTO", "LOSS_PARTITIONS", "LogitBias", "LogitScale", "ObjectiveResult", "RetrievalObjective"]
+__all__ = ["AUTO", "LOSS_PARTITIONS", "LogitBias", "LogitScale", "LossPath", "ObjectiveResult", "RetrievalObjective"]

@@ -91,6 +91,9 @@ class RetrievalObjective:
         self.tile_size = paths.check_tile_size(tile_size)
         paths.check_combination(loss, self.partition, self.tile_size, self.regularizers)
         self.needs_gram = paths.capability(loss, "needs_gram")
+        #: the :class:`~ce_retrieval.objective.paths.LossPath` of the last call (set when a step is traced), so a
+        #: caller can check which path a compiled step took; None before any call.
+        self.last_path: paths.LossPath | None = None
 
     @property
     def learns_bias(self) -> bool:
@@ -114,6 +117,10 @@ class RetrievalObjective:
         if self.tile_size == paths.AUTO and untiled:
             return 0
         return paths.resolve_tile_size(self.tile_size, self.loss, num_rows)
+
+    def path(self, num_rows: int | None) -> paths.LossPath:
+        """The path a call takes for a global batch of ``num_rows`` (partition and tile width)."""
+        return paths.LossPath(self.partition, self.tile_for(num_rows), num_rows)
 
     def loss_scores(self, scores: tf.Tensor) -> tf.Tensor:
         """What the loss is given: ``λ·S`` (+ ``b`` when b is learned) where the objective applies λ, else ``S``."""
@@ -140,7 +147,8 @@ class RetrievalObjective:
             raise ValueError(f"{type(self.loss).__name__} needs the joint Gram matrix of paired rows: pass no doc_ids")
         replicas = num_replicas()
         rows = query_emb.shape[0]
-        tile = self.tile_for(None if rows is None else rows * replicas)
+        self.last_path = self.path(None if rows is None else rows * replicas)
+        tile = self.last_path.tile
         with tf.name_scope(getattr(self.loss, "name", None) or "objective"):
             if self.partition == "sharded":
                 value, recall, positive = self._sharded(query_emb, doc_emb, query_ids, doc_ids, tile)

@@ -18,6 +18,8 @@ value and gradients (to float32 rounding); an impossible combination is refused 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from ce_retrieval import losses
 from ce_retrieval.losses.softmax_core import TILED_THRESHOLD
 from ce_retrieval.losses.tiled import default_tile_size
@@ -25,6 +27,24 @@ from ce_retrieval.losses.tiled import default_tile_size
 LOSS_PARTITIONS = ("replicated", "sharded")
 #: ``loss_tile_size`` value that tiles only above :data:`TILED_THRESHOLD` logits.
 AUTO = "auto"
+
+
+class LossPath(NamedTuple):
+    """The path one call takes: the partition, the tile width (0: dense) and the global rows it was chosen for."""
+
+    partition: str
+    tile: int
+    rows: int | None
+
+    @property
+    def name(self) -> str:
+        """``dense``, ``tiled``, ``sharded`` or ``sharded + tiled`` (the objective's names for the four paths)."""
+        if self.partition == "sharded":
+            return "sharded + tiled" if self.tile else "sharded"
+        return "tiled" if self.tile else "dense"
+
+    def __str__(self) -> str:
+        return f"{self.partition}, " + (f"tiled (T = {self.tile})" if self.tile else "dense")
 
 
 def check_partition(partition: str) -> str:
@@ -94,4 +114,12 @@ def check_combination(loss, partition: str, tile_size, regularizers=()) -> None:
             )
 
 
-__all__ = ["AUTO", "LOSS_PARTITIONS", "check_combination", "check_partition", "check_tile_size", "resolve_tile_size"]
+__all__ = [
+    "AUTO",
+    "LOSS_PARTITIONS",
+    "LossPath",
+    "check_combination",
+    "check_partition",
+    "check_tile_size",
+    "resolve_tile_size",
+]

@@ -141,8 +141,7 @@ class RetrievalTask:
             scale += f"; + {weight:g}·{type(term).__name__} on cosines"
         replicas = strategy.num_replicas_in_sync
         objective = model.objective
-        tile = objective.tile_for(cfg.train.batch_size)
-        path = f"{objective.partition}, " + (f"tiled (T = {tile})" if tile else "dense")
+        path = objective.path(cfg.train.batch_size)
         share = (
             "its rows' share of the global-batch loss"
             if objective.partition == "sharded"

@@ -1,5 +1,5 @@
 """Training: strategies, callbacks and the ``model.fit`` trainer (``train``), and ``load_trained``."""
 
-from ce_retrieval.training.trainer import load_trained, train
+from ce_retrieval.training.trainer import load_trained, prepare_process, train
 
-__all__ = ["load_trained", "train"]
+__all__ = ["load_trained", "prepare_process", "train"]

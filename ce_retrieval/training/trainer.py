@@ -52,10 +52,10 @@ def steps_per_epoch(cfg) -> int:
     return RetrievalTask(cfg).steps_per_epoch()
 
 
-def train(cfg, model_dir: str, extra_callbacks=(), print_fn=print) -> dict:
-    """Runs (or resumes) training; returns the summary that is also written to ``train_summary.json``."""
-    from ce_retrieval import data
-
+def prepare_process(cfg) -> tuple[tf.distribute.Strategy, str]:
+    """The process-wide set-up of a training run: ``(strategy, precision policy)``, the policy set, the seeds and
+    op determinism (``train.deterministic``). Call first thing in the process: the strategy may split the CPU into
+    logical devices, which must happen before TensorFlow runs an op (``benchmarks/train_scale.py`` shares it)."""
     strategy = distribute.make_strategy(cfg.train)  # first: may split the CPU into logical devices
     _quiet_known_noise()
     policy = distribute.precision_policy(cfg.train, strategy)
@@ -65,7 +65,14 @@ def train(cfg, model_dir: str, extra_callbacks=(), print_fn=print) -> dict:
         # Same seed, same weights: ops pick deterministic kernels and tf.data keeps its order (process-wide).
         tf.config.experimental.enable_op_determinism()
         tf.random.set_global_generator(tf.random.Generator.from_seed(cfg.train.seed))  # keras-cv draws from it
+    return strategy, policy
 
+
+def train(cfg, model_dir: str, extra_callbacks=(), print_fn=print) -> dict:
+    """Runs (or resumes) training; returns the summary that is also written to ``train_summary.json``."""
+    from ce_retrieval import data
+
+    strategy, policy = prepare_process(cfg)
     task = RetrievalTask(cfg)
     task.build_loss()  # a wrong loss.name / loss.kwargs fails here, before any data or vocabulary work
     model_dir = os.path.abspath(model_dir)

@@ -142,6 +142,19 @@ def test_auto_tiles_only_above_the_threshold():
     assert RetrievalObjective(losses.NPairLoss(scale=20.0), tile_size="auto").tile_for(65536) == 0  # no tiled path
 
 
+def test_path_names_what_a_call_takes():
+    objective = RetrievalObjective(losses.CrossExampleSoftmax(), tile_size="auto")
+    assert objective.last_path is None
+    assert objective.path(65536).name == "tiled" and str(objective.path(65536)) == "replicated, tiled (T = 512)"
+    assert str(objective.path(64)) == "replicated, dense"
+    text, image = embeddings()
+    objective(text, image, IDS)
+    assert objective.last_path == ("replicated", 0, 8) and objective.last_path.name == "dense"
+    sharded = RetrievalObjective(losses.CrossExampleSoftmax(), partition="sharded", tile_size=3)
+    sharded(text, image, IDS)
+    assert sharded.last_path.name == "sharded + tiled" and sharded.last_path.tile == 3
+
+
 def test_impossible_combinations_name_the_alternatives():
     with pytest.raises(ValueError, match=r"loss_tile_size=64 needs a loss with a tiled path; TripletLoss has none"):
         RetrievalObjective(losses.TripletLoss(), tile_size=64)
