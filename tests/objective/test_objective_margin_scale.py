@@ -11,10 +11,10 @@ import sys
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "losses"))  # the float64 references
 import reference as ref  # noqa: E402
+from objective_fixtures import IDS, close, embeddings, value_and_grads  # noqa: E402
 
 from ce_retrieval.configs.experiment import LossConfig  # noqa: E402
 from ce_retrieval.losses import relevance_from_ids  # noqa: E402
@@ -22,15 +22,8 @@ from ce_retrieval.modeling.config import ModelConfig  # noqa: E402
 from ce_retrieval.objective import LogitScale, RetrievalObjective  # noqa: E402
 from ce_retrieval.tasks import build_loss  # noqa: E402
 
-IDS = tf.constant([0, 0, 1, 2, 3, 4, 5, 5], tf.int64)  # rows with two positives
 PATHS = [("replicated", 0), ("replicated", 3), ("sharded", 0), ("sharded", 3)]  # dense, tiled, sharded, both
 MARGIN_LOSSES = ["LargeMarginSoftmax", "AngularSoftmax", "AdditiveMarginSoftmax", "ArcMarginSoftmax"]
-
-
-def embeddings(seed=0, n=8, d=6):
-    rng = np.random.default_rng(seed)
-    unit = lambda x: (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)  # noqa: E731
-    return tf.constant(unit(rng.normal(size=(n, d)))), tf.constant(unit(rng.normal(size=(n, d))))
 
 
 def margin_loss(name, learn, value=20.0, **kwargs):
@@ -51,17 +44,6 @@ def reference_margin(loss):
         "AdditiveMarginSoftmax": lambda c: c - m,
         "ArcMarginSoftmax": lambda c: ref.arcface(c, m),
     }[type(loss).__name__]
-
-
-def value_and_grads(objective, text, image, variables=()):
-    with tf.GradientTape() as tape:
-        tape.watch([text, image])
-        value = objective(text, image, IDS).share
-    return value, tape.gradient(value, [text, image, *variables])
-
-
-def close(a, b, rtol=1e-5, atol=1e-6):
-    np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64), rtol=rtol, atol=atol)
 
 
 @pytest.mark.parametrize("partition, tile", PATHS)
