@@ -124,11 +124,28 @@ class RetrievalLoss(tf_keras.losses.Loss):
     #: can be sharded over replicas (:meth:`sharded_share`: each replica's rows against the gathered documents,
     #: the replicas' shares summing to the loss; ``sharded.py``).
     supports_sharded: bool = False
+    #: S must stay cosines because the logits are not linear in S (the margin softmaxes' ``p = λ·ψ(cos)``, NCA's
+    #: clamped ``d² = max(2 − 2s, 0)``); a learned λ is not folded into S but given as a tensor, ``logit_scale=`` of
+    #: :meth:`call` (and of ``sharded_share``, ``tiled_loss``), which the loss applies after its own transform.
+    needs_cosine: bool = False
 
     @classmethod
-    def logit_scale_kwargs(cls, scale: float) -> dict:
-        """Constructor kwargs that give this loss the logit scale λ = ``scale`` ({} for a loss without one)."""
-        return {"scale": float(scale)} if cls.has_logit_scale else {}
+    def logit_scale_kwargs(cls, scale) -> dict:
+        """Constructor kwargs that give this loss the logit scale λ = ``scale`` ({} for a loss without one); a
+        tensor stays a tensor (the learned λ given to a loss that ``needs_cosine``)."""
+        if not cls.has_logit_scale:
+            return {}
+        return {"scale": scale if tf.is_tensor(scale) else float(scale)}
+
+    def given_logit_scale(self, logit_scale) -> tf.Tensor:
+        """``logit_scale``, a λ tensor that replaces this instance's λ, as float32; only a loss that ``needs_cosine``
+        takes one (any other is given ``λ·S``)."""
+        if not self.needs_cosine:
+            raise ValueError(
+                f"{self.name}: logit_scale= is for a loss that needs_cosine (the margin softmaxes, NCA); "
+                f"{type(self).__name__} is linear in S: give it λ·S instead"
+            )
+        return tf.cast(logit_scale, tf.float32)
 
     @property
     def logit_scale(self) -> float | None:
@@ -168,19 +185,26 @@ class RetrievalLoss(tf_keras.losses.Loss):
     # No tensor-dependent Python control flow here or in ``compute``: skipping autograph's conversion saves most
     # of a loss's trace time.
     @tf.autograph.experimental.do_not_convert
-    def call(self, y_true, y_pred) -> tf.Tensor:
+    def call(self, y_true, y_pred, logit_scale=None) -> tf.Tensor:
+        """The loss of ``(R, S)``; ``logit_scale``: a λ tensor used instead of this instance's λ, for a loss that
+        ``needs_cosine`` (S stays cosines; the retrieval objective's learned λ)."""
         relevance, scores = validate_similarity_inputs(y_true, y_pred, self.name, gram=self.needs_gram)
-        value = self.compute(relevance, scores)
+        kwargs = {} if logit_scale is None else {"logit_scale": self.given_logit_scale(logit_scale)}
+        value = self.compute(relevance, scores, **kwargs)
         if self.bidirectional:
-            value = 0.5 * (value + self.compute(tf.transpose(relevance), tf.transpose(scores)))
+            value = 0.5 * (value + self.compute(tf.transpose(relevance), tf.transpose(scores), **kwargs))
         return value
 
-    def compute(self, relevance: tf.Tensor, scores: tf.Tensor) -> tf.Tensor:
+    def compute(self, relevance: tf.Tensor, scores: tf.Tensor, logit_scale=None) -> tf.Tensor:
         """Scalar float32 loss for validated ``relevance`` and ``scores`` (both float32 ``[N, M]``): the class's
-        ``function`` with this instance's hyper-parameters. Override it for a loss without such a function."""
+        ``function`` with this instance's hyper-parameters (λ replaced by ``logit_scale`` when given). Override it
+        for a loss without such a function."""
         if type(self).function is None:
             raise NotImplementedError(f"{type(self).__name__} defines neither `function` nor `compute`")
-        return type(self).function(relevance, scores, **self.function_kwargs())
+        kwargs = self.function_kwargs()
+        if logit_scale is not None:
+            kwargs.update(self.logit_scale_kwargs(logit_scale))
+        return type(self).function(relevance, scores, **kwargs)
 
     def function_kwargs(self) -> dict:
         """The keyword arguments ``compute`` gives ``function``: the hyper-parameters, unless a class maps them

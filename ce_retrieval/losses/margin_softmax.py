@@ -40,6 +40,11 @@ Functional core (``ce_retrieval.losses.functional``): :func:`large_margin_softma
 As for the rest of the softmax family, each logit is one entry ``s_ij``: ``needs_gram`` is false, and
 ``loss.from_embeddings(Q, D, query_ids, doc_ids)`` runs the exact column-tiled path (``tiled.py``) at any batch
 size, with ``positive_cosine`` as its margin.
+
+Learned λ. The margin acts on cosines, so these losses declare ``needs_cosine``: where the retrieval objective
+learns λ (``model.learn_logit_scale``) it gives them S itself and λ as a tensor (``logit_scale=`` of ``call``,
+``sharded_share`` and ``tiled_loss``), and the logits are ``λ·s`` and ``λ·ψ(s)`` on every path, exactly the fixed-λ
+loss at the same λ, with the gradient flowing into ``log λ``.
 """
 
 from __future__ import annotations
@@ -147,6 +152,8 @@ def arc_margin_softmax(relevance, scores, margin: float = 0.5, scale: float = 20
 class _MarginSoftmax(SoftmaxFamilyLoss):
     """Shared constructor: ``margin``, ``scale``, ``cross_example``, ``bidirectional``."""
 
+    # the margin acts on cosines, so a learned λ is given to the loss (``logit_scale=``), not folded into S
+    needs_cosine = True
     default_margin: float = 0.0
     integer_margin = False
     margin_upper: float | None = None

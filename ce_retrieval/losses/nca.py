@@ -19,7 +19,9 @@ Goldberger's ``exp(−‖Wx_i − Wx_j‖²)`` and equals pytorch-metric-learnin
 Logit scale. On cosine ``S``, ``exp(−scale·d²) = exp(2·scale·s − 2·scale)`` and the constant cancels in
 ``p_ij``: NCA is a softmax over ``λ·S`` with ``λ = 2·scale`` (``NCALoss.logit_scale_kwargs(λ)`` gives
 ``scale = λ/2``), so with one positive per row ``NCALoss(scale=λ/2)`` equals the softmax cross-entropy over
-``λ·S`` (all valid documents in the denominator).
+``λ·S`` (all valid documents in the denominator). Only on cosines, though: ``d²`` is clamped at 0 (against
+rounding), which is not linear in S (``2 − 2λs`` would clamp wherever ``λs > 1``), so NCA declares ``needs_cosine``
+and a learned λ is given to it apart (``logit_scale=``, ``scale = λ/2``) while S stays cosines.
 
 Only row ``i`` of ``S`` is read (``needs_gram`` is false): the documents may be another modality.
 Functional core: :func:`nca` (``ce_retrieval.losses.functional.nca``).
@@ -58,13 +60,16 @@ def nca_per_query(
     return per_query, present
 
 
-def check_nca(scale, similarity, objective, owner: str) -> tuple[float, str, str]:
-    """Validated ``(scale, similarity, objective)``; ``ValueError`` naming ``owner`` otherwise."""
-    if not scale > 0:
+def check_nca(scale, similarity, objective, owner: str) -> tuple[float | tf.Tensor, str, str]:
+    """Validated ``(scale, similarity, objective)`` (a tensor ``scale``, a learned λ/2, as float32); ``ValueError``
+    naming ``owner`` otherwise."""
+    if tf.is_tensor(scale):
+        scale = tf.cast(scale, tf.float32)
+    elif not scale > 0:
         raise ValueError(f"{owner}: scale must be > 0, got {scale}")
     if objective not in OBJECTIVES:
         raise ValueError(f"{owner}: objective must be 'log' or 'expected', got {objective!r}")
-    return float(scale), check_similarity(similarity, owner), objective
+    return scale if tf.is_tensor(scale) else float(scale), check_similarity(similarity, owner), objective
 
 
 def nca(
@@ -97,10 +102,11 @@ class NCALoss(RetrievalLoss):
     # On cosine S, d² = 2 − 2s, so exp(−scale·d²) = exp(2·scale·s − 2·scale): the logit scale λ of the softmax
     # family is 2·scale (λ = 20 is scale = 10), which is what the two methods below translate.
     has_logit_scale = True
+    needs_cosine = True  # d² = max(2 − 2s, 0) is not linear in S: a learned λ comes apart, S stays cosines
 
     @classmethod
-    def logit_scale_kwargs(cls, scale: float) -> dict:
-        return {"scale": float(scale) / 2.0}
+    def logit_scale_kwargs(cls, scale) -> dict:
+        return {"scale": (scale if tf.is_tensor(scale) else float(scale)) / 2.0}
 
     @property
     def logit_scale(self) -> float:

@@ -58,7 +58,7 @@ def sharded_softmax_loss(
 
     Args:
       relevance_local, scores_local: float32 ``[n, M]``: this replica's rows against ALL (gathered) columns.
-      scale: logit scale λ (logits ``λ·S``).
+      scale: logit scale λ (logits ``λ·S``): a number, or a scalar tensor (a learned λ).
       cross_example: ``Neg`` = every negative of the global batch (eq. 5) instead of the row's (eq. 2).
       negative_fraction, top_k: mining (eqs. 3 and 6); at most one; ``None`` for both: every negative.
       positive_cosine: the margin of the margin softmaxes (``c -> ψ(c)`` on the positives' scores before ``scale``,

@@ -43,8 +43,13 @@ _NEG_INF = float("-inf")
 TILED_THRESHOLD = 2**26
 
 
-def check_scale(scale, owner: str) -> float:
-    """``scale`` as a float if it is a positive finite number, else a ``ValueError`` naming ``owner``."""
+def check_scale(scale, owner: str) -> float | tf.Tensor:
+    """``scale`` as a float if it is a positive finite number, a scalar tensor (a learned λ, positive by
+    construction) as float32, else a ``ValueError`` naming ``owner``."""
+    if tf.is_tensor(scale):
+        if scale.shape.rank not in (None, 0):
+            raise ValueError(f"{owner}: a scale tensor must be a scalar, got shape {scale.shape}")
+        return tf.cast(scale, tf.float32)
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
         raise ValueError(f"{owner}: scale must be a positive finite number, got {scale!r}")
     return float(scale)
@@ -133,7 +138,7 @@ def softmax_loss(
 
     Args:
       relevance, scores: float32 ``[N, M]``.
-      scale: logit scale λ (logits ``λ·S``).
+      scale: logit scale λ (logits ``λ·S``): a number, or a scalar tensor (a learned λ).
       cross_example: ``Neg`` = every negative of the batch (eq. 5) instead of the row's (eq. 2).
       negative_fraction, top_k: mining (eqs. 3 and 6); at most one; ``None`` for both: every negative.
       positive_cosine: the margin, ``c -> margined c`` applied to the positives' similarities before ``scale``.
@@ -242,10 +247,12 @@ class SoftmaxFamilyLoss(RetrievalLoss):
         tile_size: int | None = None,
         ignore_negative_ids: bool = False,
         across_replicas: bool = False,
+        logit_scale=None,
     ) -> tf.Tensor:
         """One direction (queries -> documents) of this loss by the tiled path, ``tiled.tiled_softmax_loss`` with
         this instance's hyper-parameters (``bidirectional`` is the caller's: swap the arguments for the other).
-        ``across_replicas``: this replica's share of the loss of every replica's rows (sharded + tiled)."""
+        ``across_replicas``: this replica's share of the loss of every replica's rows (sharded + tiled);
+        ``logit_scale``: a λ tensor instead of this instance's λ (a loss that ``needs_cosine``, as in :meth:`call`)."""
         from ce_retrieval.losses import tiled  # noqa: PLC0415  (tiled imports this module)
 
         return tiled.tiled_softmax_loss(
@@ -253,7 +260,7 @@ class SoftmaxFamilyLoss(RetrievalLoss):
             doc_emb,
             query_ids,
             doc_ids,
-            self.scale,
+            self._scale_for(logit_scale),
             self.cross_example,
             self.negative_fraction,
             self.top_k,
@@ -264,21 +271,26 @@ class SoftmaxFamilyLoss(RetrievalLoss):
             owner=self.name,
         )
 
-    def sharded_share(self, relevance_local, scores_local) -> tf.Tensor:
+    def sharded_share(self, relevance_local, scores_local, logit_scale=None) -> tf.Tensor:
         """One direction of this replica's share of the loss (``sharded.sharded_softmax_loss``): its rows
-        ``[n, M]`` against every replica's documents; the shares of all replicas sum to the loss."""
+        ``[n, M]`` against every replica's documents; the shares of all replicas sum to the loss.
+        ``logit_scale``: a λ tensor instead of this instance's λ (a loss that ``needs_cosine``, as in :meth:`call`)."""
         from ce_retrieval.losses.sharded import sharded_softmax_loss  # noqa: PLC0415  (sharded imports this module)
 
         return sharded_softmax_loss(
             relevance_local,
             scores_local,
-            self.scale,
+            self._scale_for(logit_scale),
             self.cross_example,
             self.negative_fraction,
             self.top_k,
             positive_cosine=self.positive_cosine,
             owner=self.name,
         )
+
+    def _scale_for(self, logit_scale) -> float | tf.Tensor:
+        """λ of one evaluation: this instance's, or the given ``logit_scale`` tensor (``given_logit_scale``)."""
+        return self.scale if logit_scale is None else self.given_logit_scale(logit_scale)
 
 
 __all__ = ["SoftmaxFamilyLoss", "softmax_loss"]

@@ -27,7 +27,9 @@ How, with ``D`` cut into ``ceil(M / T)`` column tiles of ``T = tile_size`` docum
    / |P|`` on the positives, ``dL/dl_ij = -r_ij ψ'(l_ij / λ)`` there (``-r_ij`` without a margin),
    ``g_i = sum_j r_ij`` (cross-example: ``g = sum r``), and on the negatives
    ``dL/dl_ij = g_i w_ij e^{l_ij - log Z_i}`` (the softmax weight from the saved log Z),
-   recomputed per tile: ``dQ += λ dL_t D_t``, ``dD_t = λ dL_tᵀ Q``.
+   recomputed per tile: ``dQ += λ dL_t D_t``, ``dD_t = λ dL_tᵀ Q``. λ may be a tensor (a learned λ): it reaches
+   the op folded into Q and, for the margin's ``λ ψ(l / λ)``, as an input whose gradient is
+   ``-Σ_P r_ij (ψ(c_ij) - c_ij ψ'(c_ij))`` (c = l / λ; the rest of dL/dλ flows through ``λ Q``).
 
 Eagerly too: the op's body runs on ``stop_gradient`` copies of its inputs, so an eager ``GradientTape`` records only
 the custom gradient, not every tile's logits (which made an eager step O(N·M): +7.5 GiB at N = M = 16,384).
@@ -99,7 +101,7 @@ def tiled_softmax_loss(
       query_emb: ``[N, d]`` floating query embeddings (as given; normalise first for cosine logits).
       doc_emb: ``[M, d]`` floating document embeddings.
       query_ids, doc_ids: ``[N]`` and ``[M]`` integer ids; a pair is positive iff its ids are equal.
-      scale: logit scale λ.
+      scale: logit scale λ: a number, or a scalar tensor (a learned λ; the gradient flows into it).
       cross_example: every negative of the batch (eq. 5) instead of the row's (eq. 2).
       negative_fraction, top_k: mining (eqs. 3 and 6), at most one; ``None`` for both: every negative.
       tile_size: documents per tile T (``None``: :func:`default_tile_size`); any T >= 1, need not divide M.
@@ -149,12 +151,13 @@ def tiled_softmax_loss(
         negative_fraction,
         top_k,
         bool(ignore_negative_ids),
-        scale,
         positive_cosine,
         bool(across_replicas),
     )
-    # λ folded into Q once, so every pass computes a logit by the same matmul (identical bits: exact mining).
-    return problem.loss(scale * tf.cast(query_emb, tf.float32), tf.cast(doc_emb, tf.float32))
+    # λ folded into Q once, so every pass computes a logit by the same matmul (identical bits: exact mining); λ is
+    # an input of the op too, for the margin's λ ψ(l / λ).
+    scale = tf.convert_to_tensor(scale, tf.float32)
+    return problem.loss(scale * tf.cast(query_emb, tf.float32), tf.cast(doc_emb, tf.float32), scale)
 
 
 class _Problem:
@@ -169,7 +172,6 @@ class _Problem:
         negative_fraction,
         top_k,
         ignore_negative_ids,
-        scale,
         margin,
         across_replicas=False,
     ):
@@ -177,7 +179,7 @@ class _Problem:
         self.combine = replica_sum if across_replicas else (lambda x: x)
         self.across_replicas = across_replicas
         self.query_ids, self.doc_ids, self.tile = query_ids, doc_ids, tile
-        self.scale, self.margin = scale, margin
+        self.margin = margin
         self.cross_example, self.negative_fraction, self.top_k = cross_example, negative_fraction, top_k
         self.num_queries = tf.size(query_ids)
         self.num_docs = tf.size(doc_ids)
@@ -326,66 +328,71 @@ class _Problem:
         logit = tf.reduce_sum(queries * tf.gather(docs, column), axis=1)
         return column, active, logit
 
-    def _positive_logit(self, logit):
+    def _positive_logit(self, logit, scale):
         """The positive pair's logit ``p = λ ψ(l / λ)`` and ``dp/dl = ψ'(l / λ)`` (``l`` itself and 1 without a
         margin); element-wise, so the derivative is the gradient of the sum."""
         if self.margin is None:
             return logit, None
         with tf.GradientTape() as tape:
-            cosine = logit / self.scale
+            cosine = logit / scale
             tape.watch(cosine)
             margined = self.margin(cosine)
-        return self.scale * margined, tape.gradient(margined, cosine)
+        return scale * margined, tape.gradient(margined, cosine)
 
-    def _positive_sum(self, queries, docs, log_z):
+    def _positive_sum(self, queries, docs, log_z, scale):
         """``sum_{(i,j) in P} softplus(log Z_i - p_ij)``, one positive slot at a time."""
 
         def body(k, total):
             _, active, logit = self._slot(queries, docs, k)
-            positive, _ = self._positive_logit(logit)
+            positive, _ = self._positive_logit(logit, scale)
             return k + 1, total + tf.reduce_sum(tf.where(active, tf.math.softplus(log_z - positive), 0.0))
 
         return tf.while_loop(lambda k, _: k < self.num_slots, body, (tf.constant(0), tf.constant(0.0)))[1]
 
     # ---- the op --------------------------------------------------------------------------------------------------
 
-    def loss(self, queries: tf.Tensor, docs: tf.Tensor) -> tf.Tensor:
+    def loss(self, queries: tf.Tensor, docs: tf.Tensor, scale: tf.Tensor) -> tf.Tensor:
+        """The op on ``queries = λ Q`` (λ folded in), ``docs = D`` and λ (which the margin's ``λ ψ(l / λ)`` reads)."""
+
         @tf.custom_gradient
-        def op(queries, docs):
+        def op(queries, docs, scale):
             # Eagerly, a tape records every op inside a custom-gradient function whose inputs it watches (and keeps
             # each tile's logits for a backward that never runs: O(N·M)); cut the inputs off the tape so only the
             # custom gradient below is recorded. A no-op in a graph, where the custom gradient replaces the body's.
-            queries, docs = tf.stop_gradient(queries), tf.stop_gradient(docs)
+            queries, docs, scale = tf.stop_gradient(queries), tf.stop_gradient(docs), tf.stop_gradient(scale)
             doc_tiles = tf.reshape(tf.pad(docs, [[0, self.padding], [0, 0]]), [-1, self.tile, tf.shape(docs)[1]])
             selection = self._select(queries, doc_tiles) if self.mining else None
             log_z = self._log_partition(queries, doc_tiles, selection)
             denominator = tf.maximum(self.num_positive, 1.0)
-            value = self._positive_sum(queries, docs, log_z) / denominator
+            value = self._positive_sum(queries, docs, log_z, scale) / denominator
 
             def grad_fn(upstream):
-                return self._gradient(upstream / denominator, queries, docs, doc_tiles, log_z, selection)
+                return self._gradient(upstream / denominator, queries, docs, doc_tiles, log_z, selection, scale)
 
             return value, grad_fn
 
-        return op(queries, docs)
+        return op(queries, docs, scale)
 
-    def _gradient(self, upstream, queries, docs, doc_tiles, log_z, selection):
-        """``(dL/dqueries, dL/ddocs)`` (step 4 of the module docstring)."""
+    def _gradient(self, upstream, queries, docs, doc_tiles, log_z, selection, scale):
+        """``(dL/dqueries, dL/ddocs, dL/dλ)`` (step 4 of the module docstring); dL/dλ is the margin's part only,
+        ``∂p/∂λ = ψ(c) - c ψ'(c)`` at fixed ``l`` (c = l / λ): the rest reaches λ through ``queries = λ Q``."""
 
-        def positive(k, g, d_queries, d_docs):
+        def positive(k, g, d_queries, d_docs, d_scale):
             column, active, logit = self._slot(queries, docs, k)
-            positive, slope = self._positive_logit(logit)
+            positive, slope = self._positive_logit(logit, scale)
             r = tf.where(active, tf.math.sigmoid(log_z - positive), 0.0) * upstream  # -dL/dp = dL/dlog Z share
             d_logit = r if slope is None else r * slope  # -dL/dl = r dp/dl
             d_queries -= d_logit[:, None] * tf.gather(docs, column)
             d_docs = tf.tensor_scatter_nd_add(d_docs, column[:, None], -d_logit[:, None] * queries)
-            return k + 1, g + r, d_queries, d_docs
+            if slope is not None:  # -r ∂p/∂λ, with λ (ψ(c) - c ψ'(c)) = p - l ψ'(c)
+                d_scale -= tf.reduce_sum(r * (positive - logit * slope)) / scale
+            return k + 1, g + r, d_queries, d_docs, d_scale
 
         zeros_q, zeros_d = tf.zeros_like(queries), tf.zeros_like(docs)
-        _, g, d_queries, d_docs = tf.while_loop(
+        _, g, d_queries, d_docs, d_scale = tf.while_loop(
             lambda k, *_: k < self.num_slots,
             positive,
-            (tf.constant(0), tf.zeros([self.num_queries]), zeros_q, zeros_d),
+            (tf.constant(0), tf.zeros([self.num_queries]), zeros_q, zeros_d, tf.zeros_like(scale)),
         )
         if self.cross_example:  # every positive pair of every replica shares log Z
             g = tf.broadcast_to(self.combine(tf.reduce_sum(g)), tf.shape(g))
@@ -401,7 +408,7 @@ class _Problem:
         tiles = tf.TensorArray(tf.float32, size=self.num_tiles, element_shape=doc_tiles.shape[1:])
         d_queries, tiles = self._over_tiles(negative, (d_queries, tiles))
         d_tiles = tf.reshape(tiles.stack(), [-1, tf.shape(docs)[1]])[: self.num_docs]
-        return d_queries, d_docs + d_tiles
+        return d_queries, d_docs + d_tiles, d_scale
 
 
 def _count_docs_below(query_ids: tf.Tensor, doc_ids: tf.Tensor, inclusive: bool) -> tf.Tensor:

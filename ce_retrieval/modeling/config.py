@@ -237,8 +237,8 @@ class OptimizerConfig:
 
     Text: learning rate rises linearly from 0 to ``text_learning_rate`` over ``text_warmup_steps``, then decays
     linearly to ``text_end_learning_rate`` at the last step. Image: linear decay from ``image_learning_rate`` to
-    ``image_end_learning_rate`` (after an optional warm-up, 0 in the paper). The learned logit scale, if any, is
-    updated by the text optimizer.
+    ``image_end_learning_rate`` (after an optional warm-up, 0 in the paper). The learned logit scale and bias, if any,
+    are updated by the text optimizer and never weight-decayed (``optimizers.NEVER_DECAYED``).
     """
 
     text_learning_rate: float = 1e-4
@@ -248,7 +248,8 @@ class OptimizerConfig:
     text_beta_1: float = 0.9
     text_beta_2: float = 0.999
     text_epsilon: float = 1e-6  # BERT's
-    # Variables whose name contains one of these are not decayed (BERT convention: LayerNorm and biases).
+    # Variables whose name contains one of these are not decayed (BERT convention: LayerNorm and biases); log λ and b
+    # are never decayed, whatever this list holds.
     text_exclude_from_weight_decay: list[str] = field(default_factory=lambda: ["LayerNorm", "layer_norm", "bias"])
     image_learning_rate: float = 3e-3
     image_end_learning_rate: float = 5e-4

@@ -7,6 +7,10 @@ Both are ``tf.keras`` optimizers with :class:`~ce_retrieval.modeling.schedules.W
 they serialise and their slots and ``iterations`` are saved by ``tf.train.Checkpoint`` / ``BackupAndRestore``
 through the model (``TwoTowerModel.text_optimizer`` / ``.image_optimizer``). Loss scaling for ``mixed_float16``
 is added by ``TwoTowerModel.compile`` (one ``LossScaleOptimizer`` per optimizer).
+
+The text optimizer also updates the objective's learned scalars, ``log λ`` and SigLIP's ``b``; it never
+weight-decays them (:data:`NEVER_DECAYED`, whatever ``text_exclude_from_weight_decay`` says), as CLIP and SigLIP
+never decay their temperature and bias: decay would pull λ towards 1 and b towards 0.
 """
 
 from __future__ import annotations
@@ -15,6 +19,11 @@ import tf_keras
 
 from ce_retrieval.modeling.config import OptimizerConfig
 from ce_retrieval.modeling.schedules import WarmupLinearDecay
+
+#: Variable-name patterns never weight-decayed: the learned ``log_logit_scale`` (log λ) and ``logit_bias`` (b), the
+#: names ``TwoTowerModel``, ``LogitScale`` and ``LogitBias`` give them (``re.search`` on the variable's name, also
+#: on a mirrored variable's per-replica ``.../replica_1:0``, which is what the optimizer decays).
+NEVER_DECAYED = (r"(^|/)log_logit_scale", r"(^|/)logit_bias")
 
 
 def build_optimizers(
@@ -46,8 +55,9 @@ def build_optimizers(
         global_clipnorm=opt_cfg.global_clipnorm,
         name="text_adamw",
     )
-    if opt_cfg.text_weight_decay and opt_cfg.text_exclude_from_weight_decay:
-        text_optimizer.exclude_from_weight_decay(var_names=list(opt_cfg.text_exclude_from_weight_decay))
+    if opt_cfg.text_weight_decay:  # one call: a second one would replace the first's names
+        excluded = [*NEVER_DECAYED, *(opt_cfg.text_exclude_from_weight_decay or [])]
+        text_optimizer.exclude_from_weight_decay(var_names=excluded)
     image_optimizer = tf_keras.optimizers.SGD(
         learning_rate=image_schedule,
         momentum=opt_cfg.image_momentum,
@@ -59,4 +69,4 @@ def build_optimizers(
     return text_optimizer, image_optimizer
 
 
-__all__ = ["build_optimizers"]
+__all__ = ["NEVER_DECAYED", "build_optimizers"]

@@ -6,7 +6,9 @@ differentiates. One object owns every step between the towers and the optimizer 
       -> similarity      S = Q Dᵀ (cosine of unit vectors); the joint Gram [Q; D][Q; D]ᵀ for a ``needs_gram`` loss
       -> relevance       R_ij = 1[id_i == id_j]                   (from ids; on the tiled paths never materialised)
       -> λ, b            S·λ (+ b) when λ or b is learned (:class:`LogitScale`, :class:`LogitBias`); a fixed
-                         λ (and b) is the loss's own; regularisers w·reg(R, S) on the text × image cosines
+                         λ (and b) is the loss's own; a loss that ``needs_cosine`` (the margin softmaxes' λ·ψ(S),
+                         NCA) is given S and the learned λ as a tensor instead; regularisers w·reg(R, S) on the
+                         text × image cosines
       -> path            dense | tiled | sharded | sharded + tiled (``paths.py``; chosen by the config)
       -> loss L, and the replica's share: L / R (replicated) or share_r with Σ_r share_r = L (sharded)
 
@@ -105,6 +107,16 @@ class RetrievalObjective:
         return self.logit_scale.learn or self.learns_bias
 
     @property
+    def passes_scale(self) -> bool:
+        """Whether the loss is given S and λ apart (a learned λ, to a loss that ``needs_cosine``: its margin, or
+        NCA's clamped distance, acts on cosines, and it applies λ after that)."""
+        return self.applies_scale and paths.capability(self.loss, "needs_cosine")
+
+    def loss_kwargs(self) -> dict:
+        """``{"logit_scale": λ}`` where the loss is given λ apart (:attr:`passes_scale`), else ``{}``."""
+        return {"logit_scale": self.logit_scale()} if self.passes_scale else {}
+
+    @property
     def trainable_variables(self) -> list:
         """The objective's own learned scalars (λ, b if learned); the towers' variables are the model's."""
         bias = self.logit_bias.trainable_variables if self.logit_bias is not None else []
@@ -123,8 +135,9 @@ class RetrievalObjective:
         return paths.LossPath(self.partition, self.tile_for(num_rows), num_rows)
 
     def loss_scores(self, scores: tf.Tensor) -> tf.Tensor:
-        """What the loss is given: ``λ·S`` (+ ``b`` when b is learned) where the objective applies λ, else ``S``."""
-        if self.applies_scale:
+        """What the loss is given: ``λ·S`` (+ ``b`` when b is learned) where the objective applies λ to S, else ``S``
+        (λ fixed, or given apart: :attr:`passes_scale`)."""
+        if self.applies_scale and not self.passes_scale:
             scores = scores * self.logit_scale()
         if self.learns_bias:
             scores = scores + self.logit_bias()
@@ -175,7 +188,8 @@ class RetrievalObjective:
             loss_scores = _cosine(joint, joint)
         else:
             loss_relevance, loss_scores = relevance, cosine
-        value = self.loss.call(loss_relevance, self.loss_scores(loss_scores))  # unreduced: the share is ours
+        # unreduced: the share is ours
+        value = self.loss.call(loss_relevance, self.loss_scores(loss_scores), **self.loss_kwargs())
         if self.regularizers:  # dense replicated only (paths.check_combination)
             value += self.regularization(relevance, cosine)
         return value, batch_metrics.recall_at_1_dense(cosine, relevance), positive
@@ -191,7 +205,7 @@ class RetrievalObjective:
         else:
             cosine = _cosine(query_emb, docs)
             relevance = relevance_from_ids(query_ids, d_ids)
-            value = self.loss.sharded_share(relevance, self.loss_scores(cosine))
+            value = self.loss.sharded_share(relevance, self.loss_scores(cosine), **self.loss_kwargs())
             recall = batch_metrics.recall_at_1_dense(cosine, relevance)
         if getattr(self.loss, "bidirectional", False):  # this replica's document rows against every query
             queries, q_ids = gather_from_replicas(query_emb), gather_from_replicas(query_ids)
@@ -199,7 +213,7 @@ class RetrievalObjective:
                 backward = self._tiled(doc_emb, queries, doc_ids, q_ids, tile, True)
             else:
                 scores = self.loss_scores(_cosine(doc_emb, queries))
-                backward = self.loss.sharded_share(relevance_from_ids(doc_ids, q_ids), scores)
+                backward = self.loss.sharded_share(relevance_from_ids(doc_ids, q_ids), scores, **self.loss_kwargs())
             value = 0.5 * (value + backward)
         return value, recall, positive
 
@@ -212,16 +226,18 @@ class RetrievalObjective:
         return value
 
     def _tiled(self, queries, docs, q_ids, d_ids, tile, across_replicas):
-        """One direction by the tiled path; a learned λ is folded into the queries (logits λ·q·d), a learned b
-        into one more column (``[λq, b]·[d, 1] = λ q·d + b``)."""
+        """One direction by the tiled path; a learned λ is folded into the queries (logits λ·q·d) or given to a loss
+        that ``needs_cosine``, a learned b into one more column (``[λq, b]·[d, 1] = λ q·d + b``)."""
         queries = tf.cast(queries, tf.float32)
-        if self.applies_scale:
+        if self.applies_scale and not self.passes_scale:
             queries = queries * self.logit_scale()
         if self.learns_bias:
             docs = tf.cast(docs, tf.float32)
             queries = tf.concat([queries, tf.fill([tf.shape(queries)[0], 1], self.logit_bias())], 1)
             docs = tf.concat([docs, tf.ones([tf.shape(docs)[0], 1], tf.float32)], 1)
-        return self.loss.tiled_loss(queries, docs, q_ids, d_ids, tile, across_replicas=across_replicas)
+        return self.loss.tiled_loss(
+            queries, docs, q_ids, d_ids, tile, across_replicas=across_replicas, **self.loss_kwargs()
+        )
 
 
 def _cosine(a, b):

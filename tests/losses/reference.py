@@ -35,6 +35,24 @@ def dist(s, kind):
 # ---- the softmax family (Veit & Wilber 2020, eqs. 2-6) and the margin softmax losses ---------------------------
 
 
+def psi(c, m):
+    """L-Softmax's psi_m(theta) = (-1)^k cos(m theta) - 2k, k = floor(m theta / pi) (from the angle)."""
+    theta = np.arccos(np.clip(c, -1.0, 1.0))
+    k = np.clip(np.floor(m * theta / np.pi), 0, m - 1)
+    return (-1.0) ** k * np.cos(m * theta) - 2.0 * k
+
+
+def sphereface(c, m, lam):
+    """A-Softmax's margined cosine (lam cos(theta) + psi_m(theta)) / (1 + lam)."""
+    return (lam * np.clip(c, -1.0, 1.0) + psi(c, m)) / (1.0 + lam)
+
+
+def arcface(c, m):
+    """ArcFace's cos(theta + m), and cos(theta) - m sin(m) once theta + m > pi."""
+    theta = np.arccos(np.clip(c, -1.0, 1.0))
+    return np.where(theta + m <= np.pi, np.cos(theta + m), c - m * np.sin(m))
+
+
 def softmax(relevance, scores, scale=20.0, cross_example=False, fraction=None, top_k=None, positive_fn=None):
     """Mean over positive pairs of ``-log(e^p_ij / (e^p_ij + sum_{l in topk(Neg)} e^l))`` with logits
     ``l = scale * S`` and ``p_ij = scale * positive_fn(s_ij)`` (no margin by default), written out with sorts.

@@ -361,6 +361,41 @@ def test_logit_scale_multiplies_cosines(name):
     assert float(loss(relevance, scores)) == pytest.approx(want, rel=1e-5)
 
 
+#: The losses whose logits are not linear in S: the margin softmaxes (λ·ψ(cos)) and NCA (clamped d² = 2 − 2s).
+NEEDS_COSINE = {
+    "LargeMarginSoftmax",
+    "AngularSoftmax",
+    "AdditiveMarginSoftmax",
+    "ArcMarginSoftmax",
+    "NCALoss",
+    "ProxyNCALoss",
+}
+
+
+@pytest.mark.parametrize("name", sorted(n for n in CLASSES if CLASSES[n].has_logit_scale))
+def test_a_learned_lambda_reaches_every_loss_as_its_own(name):
+    """A loss linear in S gets a learned λ as ``λ·S`` with its own λ = 1; a loss that ``needs_cosine`` (and only
+    such a loss: on ``λ·S`` it would differ) gets S and λ as ``logit_scale=``. Either way, its fixed-λ value."""
+    cls, lam = CLASSES[name], 20.0
+    assert cls.needs_cosine == (name in NEEDS_COSINE)
+    fixed = cls(**cls.logit_scale_kwargs(lam), **cls.logit_bias_kwargs(-4.0))
+    unit = cls(**cls.logit_scale_kwargs(1.0), **cls.logit_bias_kwargs(-4.0))
+    if cls.annealed:
+        fixed.step.assign(10_000)
+        unit.step.assign(10_000)
+    relevance, scores = inputs_for(fixed)
+    want = float(fixed(relevance, scores))
+    on_scaled = float(unit(relevance, lam * scores))
+    if name in NEEDS_COSINE:
+        assert abs(on_scaled - want) > 1e-3 * abs(want), name
+        got = unit.call(relevance, scores, logit_scale=tf.constant(lam))
+        assert float(got) == pytest.approx(want, rel=1e-5), name
+    else:
+        assert on_scaled == pytest.approx(want, rel=1e-5), name
+        with pytest.raises(ValueError, match="is linear in S: give it λ·S"):
+            unit.call(relevance, scores, logit_scale=tf.constant(lam))
+
+
 # ---- XLA, mixed precision, functional API ------------------------------------------------------------------
 
 

@@ -21,21 +21,6 @@ from ce_retrieval.losses import (
 from ce_retrieval.losses.margin_softmax import psi
 
 
-def np_psi(c, m):
-    theta = np.arccos(np.clip(c, -1, 1))
-    k = np.minimum(np.floor(m * theta / np.pi), m - 1)
-    return (-1.0) ** k * np.cos(m * theta) - 2 * k
-
-
-def np_arcface(c, m):
-    theta = np.arccos(np.clip(c, -1, 1))
-    return np.where(theta + m <= np.pi, np.cos(theta + m), c - m * np.sin(m))
-
-
-def np_sphereface(c, m, lam):
-    return (lam * c + np_psi(c, m)) / (1 + lam)
-
-
 def batch(rng, n=6, m=9):
     scores = rng.uniform(-0.98, 0.98, size=(n, m)).astype(np.float32)
     relevance = (rng.random((n, m)) < 0.25).astype(np.float32)
@@ -45,11 +30,11 @@ def batch(rng, n=6, m=9):
 
 
 MARGIN_CASES = [
-    (LargeMarginSoftmax, dict(margin=2), lambda c: np_psi(c, 2)),
-    (LargeMarginSoftmax, dict(margin=3), lambda c: np_psi(c, 3)),
-    (AngularSoftmax, dict(margin=4), lambda c: np_sphereface(c, 4, 1000.0)),  # step 0: lambda = base
+    (LargeMarginSoftmax, dict(margin=2), lambda c: ref.psi(c, 2)),
+    (LargeMarginSoftmax, dict(margin=3), lambda c: ref.psi(c, 3)),
+    (AngularSoftmax, dict(margin=4), lambda c: ref.sphereface(c, 4, 1000.0)),  # step 0: lambda = base
     (AdditiveMarginSoftmax, dict(margin=0.35), lambda c: c - 0.35),
-    (ArcMarginSoftmax, dict(margin=0.5), lambda c: np_arcface(c, 0.5)),
+    (ArcMarginSoftmax, dict(margin=0.5), lambda c: ref.arcface(c, 0.5)),
 ]
 IDS = [f"{c.__name__}-{k['margin']}" for c, k, _ in MARGIN_CASES]
 
@@ -70,11 +55,11 @@ def test_psi_and_arcface_transforms():
     c = np.linspace(-1, 1, 4001).astype(np.float32)
     for m in (1, 2, 3, 4):
         got = psi(tf.constant(c), m).numpy()
-        np.testing.assert_allclose(got, np_psi(c.astype(np.float64), m), atol=2e-6)
+        np.testing.assert_allclose(got, ref.psi(c.astype(np.float64), m), atol=2e-6)
         assert np.all(np.diff(got) >= -1e-6)  # psi decreases with theta, i.e. increases with cos
     arc = ArcMarginSoftmax().positive_cosine(tf.constant(c)).numpy()
     inner = np.abs(c) < 0.9999
-    np.testing.assert_allclose(arc[inner], np_arcface(c[inner].astype(np.float64), 0.5), atol=2e-6)
+    np.testing.assert_allclose(arc[inner], ref.arcface(c[inner].astype(np.float64), 0.5), atol=2e-6)
     assert np.all(np.diff(arc) >= 0)
 
 
@@ -89,7 +74,7 @@ def test_zero_margins_reduce_to_softmax(rng):
 
 
 @pytest.mark.parametrize(
-    "cls,fn", [(LargeMarginSoftmax, lambda c: np_psi(c, 2)), (ArcMarginSoftmax, lambda c: np_arcface(c, 0.5))]
+    "cls,fn", [(LargeMarginSoftmax, lambda c: ref.psi(c, 2)), (ArcMarginSoftmax, lambda c: ref.arcface(c, 0.5))]
 )
 def test_gradient_matches_finite_differences(rng, cls, fn):
     relevance, scores = batch(rng, n=4, m=5)

@@ -12,6 +12,7 @@ import re
 
 import numpy as np
 import pytest
+import reference as ref
 import tensorflow as tf
 
 from ce_retrieval import losses
@@ -242,25 +243,15 @@ def test_class_api_from_embeddings():
     assert functional.tiled_softmax_loss is tiled_softmax_loss
 
 
-def _np_psi(c, m):
-    """L-Softmax's psi_m(theta) = (-1)^k cos(m theta) - 2k, k = floor(m theta / pi) (float64, from the angle)."""
-    theta = np.arccos(np.clip(c, -1.0, 1.0))
-    k = np.clip(np.floor(m * theta / np.pi), 0, m - 1)
-    return (-1.0) ** k * np.cos(m * theta) - 2.0 * k
-
-
 #: Each margin class with NumPy's margined cosine psi(c) of a positive pair (float64, written from the papers).
 MARGINS = {
-    "l_softmax": (lambda: losses.LargeMarginSoftmax(margin=2), lambda c: _np_psi(c, 2)),
+    "l_softmax": (lambda: losses.LargeMarginSoftmax(margin=2), lambda c: ref.psi(c, 2)),
     "a_softmax": (
         lambda: losses.AngularSoftmax(margin=4, lambda_base=5.0, lambda_min=5.0),
-        lambda c: (5.0 * np.clip(c, -1, 1) + _np_psi(c, 4)) / 6.0,
+        lambda c: ref.sphereface(c, 4, 5.0),
     ),
     "cosface": (lambda: losses.AdditiveMarginSoftmax(margin=0.35), lambda c: c - 0.35),
-    "arcface": (
-        lambda: losses.ArcMarginSoftmax(margin=0.5),
-        lambda c: np.where(c > np.cos(np.pi - 0.5), np.cos(np.arccos(np.clip(c, -1, 1)) + 0.5), c - 0.5 * np.sin(0.5)),
-    ),
+    "arcface": (lambda: losses.ArcMarginSoftmax(margin=0.5), lambda c: ref.arcface(c, 0.5)),
 }
 
 

@@ -37,6 +37,26 @@ def test_build_optimizers_follow_the_paper():
         build_optimizers(OptimizerConfig(), total_steps=0)
 
 
+@pytest.mark.parametrize("exclude", [[], ["LayerNorm"]])
+def test_text_optimizer_never_decays_the_learned_logit_scale_and_bias(vocab_file, exclude):
+    """CLIP and SigLIP never decay log λ and b: with weight decay and a zero gradient an AdamW step leaves them as
+    they are, whatever the user's exclude list, while an ordinary kernel shrinks by lr·wd."""
+    model = build_two_tower(tiny_config(learn_logit_scale=True, logit_bias=-10.0, learn_logit_bias=True), vocab_file)
+    config = OptimizerConfig(
+        text_learning_rate=0.1, text_warmup_steps=0, text_weight_decay=0.5, text_exclude_from_weight_decay=exclude
+    )
+    text_opt, _ = build_optimizers(config, total_steps=10)
+    variables = model.text_variables
+    kernel = next(v for v in variables if v.shape.rank == 2 and "kernel" in v.name)
+    kept = [model.log_logit_scale, model.logit_bias_variable]
+    assert {id(v) for v in kept} <= {id(v) for v in variables}  # the text optimizer updates them
+    before = [v.numpy().copy() for v in [kernel, *kept]]
+    text_opt.apply_gradients([(tf.zeros_like(v), v) for v in variables])
+    np.testing.assert_allclose(kernel.numpy(), before[0] * (1.0 - 0.1 * 0.5), rtol=1e-5)
+    for variable, value in zip(kept, before[1:], strict=True):
+        assert variable.numpy() == value, variable.name
+
+
 def _compiled(vocab_file, run_eagerly=False, **cfg_overrides):
     model = build_two_tower(tiny_config(**cfg_overrides), vocab_file)
     text_opt = tf_keras.optimizers.Adam(1e-3)

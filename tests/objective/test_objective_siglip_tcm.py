@@ -12,6 +12,7 @@ import tensorflow as tf
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "losses"))  # the float64 references
 import reference as ref  # noqa: E402
+from objective_fixtures import IDS, close, embeddings, value_and_grads  # noqa: E402
 
 from ce_retrieval import losses  # noqa: E402
 from ce_retrieval.configs.experiment import LossConfig  # noqa: E402
@@ -20,31 +21,13 @@ from ce_retrieval.modeling.config import ModelConfig  # noqa: E402
 from ce_retrieval.objective import LogitBias, LogitScale, RetrievalObjective  # noqa: E402
 from ce_retrieval.tasks import build_loss  # noqa: E402
 
-IDS = tf.constant([0, 0, 1, 2, 3, 4, 5, 5], tf.int64)
 PATHS = [("replicated", 3), ("sharded", 0), ("sharded", 3), ("replicated", 1)]
-
-
-def embeddings(seed=0, n=8, d=6):
-    rng = np.random.default_rng(seed)
-    unit = lambda x: (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)  # noqa: E731
-    return tf.constant(unit(rng.normal(size=(n, d)))), tf.constant(unit(rng.normal(size=(n, d))))
 
 
 def siglip(learn: bool):
     """(loss, λ, b) as the task builds them: learned t and b leave the loss t = 1, b = 0."""
     model = ModelConfig(logit_scale=10.0, learn_logit_scale=learn, logit_bias=-10.0, learn_logit_bias=learn)
     return build_loss(LossConfig("SigmoidLoss"), model), LogitScale(10.0, learn=learn), LogitBias(-10.0, learn=learn)
-
-
-def value_and_grads(objective, text, image, variables):
-    with tf.GradientTape() as tape:
-        tape.watch([text, image])
-        value = objective(text, image, IDS).share
-    return value, tape.gradient(value, [text, image, *variables])
-
-
-def close(a, b, rtol=1e-5, atol=1e-6):
-    np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64), rtol=rtol, atol=atol)
 
 
 def test_dense_siglip_is_the_reference_on_t_cos_plus_b_and_learns_t_and_b():
