@@ -97,8 +97,11 @@ def single(base_export):
 
 @pytest.fixture(scope="module")
 def router(cluster):
+    # Generous deadlines: on a busy 2-core CI worker a shard server loading a new version can stall for seconds, and
+    # a missed deadline is a 503 that these tests would read as a dropped request (the deadline itself is tested
+    # with a shard that answers late, below).
     app = create_app(
-        cluster["dir"], shard_urls=cluster["urls"], shard_timeout_s=3.0, timeout_s=20, reload_interval_s=0.2
+        cluster["dir"], shard_urls=cluster["urls"], shard_timeout_s=20.0, timeout_s=40, reload_interval_s=0.2
     )
     with serve_in_thread(app) as url:
         yield {"url": url, "app": app}
