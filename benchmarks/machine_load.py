@@ -1,6 +1,7 @@
 """What a benchmark record says about the machine: the CPU model, the cores, and the load average sampled during the
 run (so a reader sees what else ran beside it) and the date. Used by the benchmark scripts that write their own
-record (``calibration_suite.py``, ``train_scale.py``); no TensorFlow import."""
+record (``calibration_suite.py``, ``train_scale.py``, ``siglip_openclip.py``, ``main_job_time.py``); no
+TensorFlow import."""
 
 from __future__ import annotations
 

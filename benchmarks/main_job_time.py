@@ -25,14 +25,9 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 
-
-def _cpu() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown CPU"
+from benchmarks import machine_load  # noqa: E402  (the CPU model for the record)
 
 
 def run(clone: str, log_path: str) -> dict:
@@ -99,7 +94,7 @@ def main(argv=None) -> int:
     doc.update(
         command="python benchmarks/main_job_time.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        machine={"cpu": _cpu(), "cores": os.cpu_count(), "platform": platform.platform()},
+        machine={"cpu": machine_load.cpu_name(), "cores": os.cpu_count(), "platform": platform.platform()},
         load_before=load_before,
         load_after=[round(x, 2) for x in os.getloadavg()],
     )

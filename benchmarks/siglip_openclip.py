@@ -63,6 +63,9 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from benchmarks import machine_load  # noqa: E402  (CPU model for the record; no TensorFlow)
+
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -410,14 +413,6 @@ def plan(args) -> list[dict]:
     return cases
 
 
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown CPU"
-
-
 def label(case: dict) -> str:
     if case["method"] == "ours":
         return f"ours (tiled, T = {case['tile'] or 'auto'}, {case['mode']})"
@@ -541,7 +536,7 @@ def main(argv=None) -> int:
         "command": command,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": {
-            "cpu": cpu_name(),
+            "cpu": machine_load.cpu_name(),
             "cores": os.cpu_count(),
             "platform": platform.platform(),
             "load_min": min(loads),
