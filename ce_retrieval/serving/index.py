@@ -146,7 +146,8 @@ def _tune_threshold_search(
         return [np.sort(r) for r in index.threshold_rows(queries_, tau, exact=False)[0]]
 
     base = default_threshold_params(len(x), params["reorder_num_neighbors"])
-    p, recalls, table = tune_threshold_params(search, q, taus, truth, base, target)
+    every_leaf = params["num_leaves"] / max(1, params["leaves_to_search"])  # the leaves factor that searches all
+    p, recalls, table = tune_threshold_params(search, q, taus, truth, base, target, max_leaves_factor=every_leaf)
     measured = [r for r in recalls.values() if r is not None]
     return {
         "method": "approximate by default: ScaNN top-k with k grown x"

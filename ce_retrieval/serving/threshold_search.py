@@ -38,15 +38,17 @@ from ce_retrieval.evaluation.search import exact_search
 __all__ = ["ThresholdParams", "grow_topk_threshold", "set_recall", "tune_threshold_params"]
 
 GROWTH = 4
-# (leaves_factor, reorder_factor) tried in order of cost until the target set recall is met. Re-scoring comes first:
-# re-scoring r k candidates costs r k d flops (0.4 MFLOP for r k = 3,200, d = 128), while each extra leaf costs its
-# n / L items' quantised scores. Deep re-scoring is what low thresholds need: the quantised scores are least
-# accurate there (anisotropic quantisation favours large inner products) and many items lie just below tau
-# (measured on the benchmark's hard gallery at 50k: set recall 0.979 with 8 x k re-scored, 0.9975 with 16 x k).
-# (8, 32) before (8, 64): at 1M the build's tuning on that gallery rejects (4, 64) and needs every leaf (leaves x 8);
-# there (8, 32) kept held-out set recall 0.998 at 1.22x the speed of (8, 64) (benchmarks/results/threshold_methods.md).
-TUNING_GRID = ((1, 1), (1, 2), (1, 4), (1, 8), (1, 16), (2, 16), (1, 32), (2, 32), (4, 32), (4, 64), (8, 32), (8, 64))
-
+# The tuning walks leaves factors upwards and, at each, deepens the re-scoring (x 2) until the target is met or
+# re-scoring stops helping (set recall up by < REORDER_SATURATION), then moves to more leaves, starting from the
+# re-scoring depth that saturated. Leaves dominate the cost (each extra leaf is n / L items' quantised scores;
+# re-scoring r k candidates costs r k d flops, 0.4 MFLOP for r k = 3,200, d = 128) and what they buy is the hits'
+# coverage: on the benchmark's hard gallery at 1M, set recall stays at 0.917 from 1x to 8x re-scoring with the
+# top-10 setting's leaves and rises to 0.968 with 2x the leaves (benchmarks/results/threshold_search_1000000.md).
+# Fine leaves steps matter: between 2x and 4x the leaves a query costs 1.5-2x more. Deep re-scoring is what
+# queries unlike the gallery need (the 4-bit scores are least accurate far from the gallery's clusters).
+LEAVES_FACTORS = (1, 1.5, 2, 3, 4, 6, 8)
+REORDER_FACTORS = (1, 2, 4, 8, 16, 32, 64)
+REORDER_SATURATION = 0.002
 
 @dataclasses.dataclass
 class ThresholdParams:
@@ -153,18 +155,31 @@ def tune_threshold_params(
     truth: dict[str, list[np.ndarray]],
     base: ThresholdParams,
     target: float,
+    max_leaves_factor: float = LEAVES_FACTORS[-1],
 ) -> tuple[ThresholdParams, dict, list[dict]]:
-    """The cheapest grid point whose set recall reaches ``target`` at every threshold in ``taus``.
+    """The first ``(leaves_factor, reorder_factor)`` whose set recall reaches ``target`` at every threshold in
+    ``taus``, walking leaves factors up and re-scoring depths up at each (module comment at ``LEAVES_FACTORS``).
 
-    ``search(queries, tau, params) -> found rows per query``. Returns ``(params, recall per threshold name,
-    tuning table)``; when no grid point reaches the target, the best one (by its lowest set recall)."""
-    table = []
-    for leaves_factor, reorder_factor in TUNING_GRID:
-        p = dataclasses.replace(base, leaves_factor=float(leaves_factor), reorder_factor=float(reorder_factor))
-        recalls = {name: set_recall(search(queries, tau, p), truth[name]) for name, tau in taus.items()}
-        table.append({"leaves_factor": leaves_factor, "reorder_factor": reorder_factor, "set_recall": recalls})
-        if _worst(table[-1]) >= target:
-            return p, recalls, table
+    ``search(queries, tau, params) -> found rows per query``; ``max_leaves_factor`` is the factor that searches
+    every leaf (the last one tried). Returns ``(params, recall per threshold name, tuning table)``; when no point
+    reaches the target, the best one (by its lowest set recall)."""
+    table: list[dict] = []
+    factors = sorted({f for f in LEAVES_FACTORS if f < max_leaves_factor} | {float(max_leaves_factor)})
+    start = 0
+    for leaves_factor in factors:
+        previous = None
+        for j in range(start, len(REORDER_FACTORS)):
+            reorder_factor = REORDER_FACTORS[j]
+            p = dataclasses.replace(base, leaves_factor=float(leaves_factor), reorder_factor=float(reorder_factor))
+            recalls = {name: set_recall(search(queries, tau, p), truth[name]) for name, tau in taus.items()}
+            table.append({"leaves_factor": leaves_factor, "reorder_factor": reorder_factor, "set_recall": recalls})
+            worst = _worst(table[-1])
+            if worst >= target:
+                return p, recalls, table
+            if previous is not None and worst - previous < REORDER_SATURATION:
+                start = j - 1  # deeper re-scoring stopped paying: more leaves, from the depth that saturated
+                break
+            previous = worst
     best = max(table, key=_worst)
     p = dataclasses.replace(
         base, leaves_factor=float(best["leaves_factor"]), reorder_factor=float(best["reorder_factor"])

@@ -13,7 +13,12 @@ from ce_retrieval.serving import layout
 from ce_retrieval.serving.gallery import GalleryIndex
 from ce_retrieval.serving.index import build_index
 from ce_retrieval.serving.partitions import build_partitions, threshold_search
-from ce_retrieval.serving.threshold_search import ThresholdParams, grow_topk_threshold, set_recall
+from ce_retrieval.serving.threshold_search import (
+    ThresholdParams,
+    grow_topk_threshold,
+    set_recall,
+    tune_threshold_params,
+)
 
 
 def brute_force(q, x, tau):
@@ -129,6 +134,43 @@ def test_growth_rule_keeps_ties_at_tau_and_falls_back_past_max_k(limit):
     beyond = int(np.sum(np.sum(scores >= tau, axis=1) >= p.max_k))  # the k-th score still clears tau at max_k
     assert beyond >= 1 and calls == ([beyond] if limit is None else [])  # only those queries needed the scan
     assert stats["exact_queries"] == (beyond if limit is None else 0)
+
+
+def recall_model(coverage: dict, accuracy: dict):
+    """A stand-in search whose set recall is coverage[leaves_factor] x accuracy[reorder_factor] on one query with
+    100,000 true hits (the first that many rows are found), so the tuning walk can be checked point by point."""
+    truth = np.arange(100_000)
+
+    def search(queries, tau, p):
+        return [truth[: round(len(truth) * coverage[p.leaves_factor] * accuracy[p.reorder_factor])]]
+
+    return search, {"t": [truth]}
+
+
+def test_tuning_walks_reorder_until_it_saturates_then_more_leaves():
+    """Re-scoring is deepened at each leaves factor until set recall gains < 0.002, then the next leaves factor
+    starts from the depth that saturated; the first point reaching the target is kept."""
+    coverage = {1.0: 0.9, 1.5: 0.95, 2.0: 0.993, 3.0: 1.0, 4.0: 1.0, 6.0: 1.0, 8.0: 1.0}
+    accuracy = {1.0: 0.95, 2.0: 0.99, 4.0: 0.996, 8.0: 0.997, 16.0: 1.0, 32.0: 1.0, 64.0: 1.0}
+    search, truth = recall_model(coverage, accuracy)
+    base = ThresholdParams(start_k=10, max_k=100)
+    p, recalls, table = tune_threshold_params(search, None, {"t": 0.5}, truth, base, 0.99)
+    walked = [(row["leaves_factor"], row["reorder_factor"]) for row in table]
+    # leaves x1: 0.855, 0.891, 0.8964, 0.8973 (+0.0009: saturated at x8); leaves x1.5 from x4: 0.9462, 0.9472
+    # (saturated); leaves x2 from x4: 0.98903, 0.99002 -> met
+    assert walked == [(1, 1), (1, 2), (1, 4), (1, 8), (1.5, 4), (1.5, 8), (2, 4), (2, 8)]
+    assert (p.leaves_factor, p.reorder_factor) == (2.0, 8.0) and recalls["t"] >= 0.99
+    assert (p.start_k, p.max_k) == (10, 100)
+
+
+def test_tuning_stops_at_every_leaf_and_keeps_the_best_when_the_target_is_out_of_reach():
+    coverage = {1.0: 0.5, 1.5: 0.6, 2.0: 0.7, 2.5: 0.8}  # 2.5: every leaf (num_leaves / top-10 leaves)
+    accuracy = dict.fromkeys((1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0), 0.9)
+    search, truth = recall_model(coverage, accuracy)
+    base = ThresholdParams(start_k=10, max_k=100)
+    p, recalls, table = tune_threshold_params(search, None, {"t": 0.5}, truth, base, 0.99, max_leaves_factor=2.5)
+    assert max(row["leaves_factor"] for row in table) == 2.5  # factors past every leaf are never tried
+    assert (p.leaves_factor, p.reorder_factor) == (2.5, 1.0) and recalls["t"] == pytest.approx(0.72)
 
 
 @pytest.mark.parametrize("case", ["pruning_helps", "pruning_cannot_help", "ties_at_tau"])
