@@ -1,7 +1,9 @@
 """Threshold search methods compared in one process on the hard clustered gallery (issue #23).
 
-Same gallery, queries and tau as ``benchmarks/threshold_search.py`` (``hard_gallery``; tau: the median query has
-100 hits), the index built by ``write_index_folder`` with defaults. Measured, interleaved round by round (so a
+Same gallery as ``benchmarks/threshold_search.py`` (``hard_gallery``), queries from 2,000 other clusters (its
+``other_clusters`` set; ``--query-set gallery_clusters``: new draws of the gallery's own clusters), tau at which
+the median query has 100 hits, the index built by ``write_index_folder`` with defaults and no evaluation queries
+(the build falls back to held-out-like points). Measured, interleaved round by round (so a
 shared machine's load hits every method alike; compare the ratios, not the absolute rates):
 
 * top-10 on the index (ScaNN), today's approximate threshold search (ScaNN top-k grown until the k-th exact
@@ -48,7 +50,7 @@ from ce_retrieval.serving.partitions import BallPartitions, build_partitions, th
 from ce_retrieval.serving.threshold_search import exact_sets, set_recall  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from threshold_search import MODEL, SEED, hard_gallery, numpy_scan  # noqa: E402
+from threshold_search import MODEL, QUERY_STREAM, SEED, hard_gallery, numpy_scan  # noqa: E402
 
 # ----------------------------------------------------------------------------------------------- leaf probing
 # A query probes every leaf l of the index's k-means partitions (gallery in leaf order) with
@@ -221,12 +223,22 @@ def main() -> None:
     ap.add_argument("--no-offline", action="store_true")
     ap.add_argument("--scann-grid", action="store_true")
     ap.add_argument("--finer", type=int, nargs="*", default=[], help="offline: leaves x these factors")
+    ap.add_argument(
+        "--query-set",
+        choices=("other_clusters", "gallery_clusters"),
+        default="other_clusters",
+        help="queries from 2,000 other clusters (what the recorded runs used) or new draws of the gallery's own "
+        "clusters (threshold_search.py's first set)",
+    )
     ap.add_argument("--workdir", default=tempfile.gettempdir())
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     args = ap.parse_args()
     load = [os.getloadavg()]
     x = hard_gallery(args.n)
-    queries = hard_gallery(args.queries, seed=SEED + 1)
+    if args.query_set == "other_clusters":
+        queries = hard_gallery(args.queries, seed=SEED + 1)
+    else:
+        queries = hard_gallery(args.queries, stream=QUERY_STREAM)
     folder = tempfile.mkdtemp(dir=args.workdir, prefix="threshold_methods_")
     from ce_retrieval.evaluation.search import exact_search
 

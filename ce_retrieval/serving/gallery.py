@@ -28,7 +28,12 @@ from scann.scann_ops.py import scann_ops_pybind
 from ce_retrieval.evaluation.search import ExactSearch
 from ce_retrieval.serving import layout
 from ce_retrieval.serving.partitions import BallPartitions, threshold_search
-from ce_retrieval.serving.threshold_search import ThresholdParams, grow_topk_threshold, scann_leaves
+from ce_retrieval.serving.threshold_search import (
+    ThresholdParams,
+    expand_to_leaves,
+    grow_topk_threshold,
+    scann_leaves,
+)
 
 EMBEDDINGS_FILE, IDS_FILE, PARTITIONS_FILE, SCANN_DIR = "embeddings.npy", "ids.npy", "partitions.npz", "scann"
 INDEX_FORMAT = "ce_retrieval.index/1"  # one index folder (this module)
@@ -184,8 +189,12 @@ class GalleryIndex:
         if exact or self.scann is None:
             rows, scores, _ = threshold_search(queries, self.embeddings, tau, self.partitions)
             return rows, scores
-        p = self.threshold_params or ThresholdParams(start_k=int(self.reorder or 100), max_k=max(1, len(self) // 10))
+        p = self.threshold_params or ThresholdParams(
+            start_k=int(self.reorder or 100), max_k=max(1, len(self) // 10), expand_leaves=True
+        )
         rows, scores, _ = grow_topk_threshold(queries, tau, self._threshold_topk(p), self._exact_threshold, p, limit)
+        if p.expand_leaves and self.partitions is not None:
+            rows, scores = expand_to_leaves(queries, tau, rows, self.embeddings, self.partitions)
         return rows, scores
 
     def _threshold_topk(self, p: ThresholdParams):

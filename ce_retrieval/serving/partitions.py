@@ -168,9 +168,15 @@ def threshold_search(
     threshold: float,
     partitions: BallPartitions | None = None,
     query_batch: int = 64,
+    leaves: np.ndarray | None = None,
 ) -> tuple[list[np.ndarray], list[np.ndarray], int]:
     """Exact: for each query, rows of ``gallery`` with ``q.x >= threshold``, sorted by score (descending, ties by
     row).
+
+    ``leaves`` (bool ``[B, L]``, with ``partitions``) restricts query b to the leaves ``leaves[b]`` in place of the
+    ball bounds' admitted leaves: the answer is then every item above the threshold *in those leaves* and no other
+    (exactly scored, by the same plans; whatever the plan, so it does not depend on the batch), which is how the
+    approximate search expands its hits to their leaf-mates.
 
     Returns ``(rows, scores, scored)`` where ``scored`` counts the exact dot products computed (for stats).
     With partitions, queries are batched by their nearest leaf and each batch is scored by the cheapest plan
@@ -186,9 +192,11 @@ def threshold_search(
     scored = 0
     n = len(gallery)
     by_leaf, cand = np.arange(len(queries)), None
+    if leaves is not None and partitions is None:
+        raise ValueError("threshold_search: `leaves` needs the partitions that number them")
     if partitions is not None:  # bounds of every query in one product (many small products stall BLAS threads)
         qc = queries @ partitions.centers.T
-        cand = partitions.candidate_leaves(queries, threshold, qc)
+        cand = partitions.candidate_leaves(queries, threshold, qc) if leaves is None else np.asarray(leaves, bool)
         by_leaf = np.argsort(np.argmax(qc, axis=1), kind="stable")  # a batch's queries admit similar leaves
     for batch, plan, what in _batches(by_leaf, cand, partitions, n, query_batch):
         q = queries[batch]
@@ -202,6 +210,9 @@ def threshold_search(
         hq = np.concatenate(hit_q) if hit_q else np.zeros(0, np.int64)
         hr = np.concatenate(hit_row) if hit_row else np.zeros(0, np.int64)
         hs = np.concatenate(hit_s) if hit_s else np.zeros(0, np.float32)
+        if leaves is not None:  # a scan or union plan also scores rows outside a query's own leaves: drop them
+            own = cand[batch[hq], np.searchsorted(partitions.offsets, hr, side="right") - 1]
+            hq, hr, hs = hq[own], hr[own], hs[own]
         order = np.lexsort((hr, -hs, hq))  # by query, then score descending, then row
         hq, hr, hs = hq[order], hr[order], hs[order]
         bounds = np.searchsorted(hq, np.arange(len(q) + 1))
