@@ -90,6 +90,15 @@ def hard_gallery(
     return out
 
 
+def hard_gallery_labels(n: int, seed: int = SEED, stream: int = 0) -> np.ndarray:
+    """The cluster of each row of ``hard_gallery(n, seed, stream=stream)`` (its chunks' first draw)."""
+    out = np.empty(n, np.int64)
+    for s in range(0, n, CHUNK):
+        rows = min(CHUNK, n - s)
+        out[s : s + rows] = np.random.default_rng([seed, s] + ([stream] if stream else [])).integers(0, CLUSTERS, rows)
+    return out
+
+
 def kth_scores(q: np.ndarray, x: np.ndarray, k: int, block: int = 65536) -> np.ndarray:
     """Each query's ``k``-th best score over ``x``: one pass over the gallery, every query in each block's matrix
     product (a per-query pass would read a 10M gallery once per query)."""

@@ -55,6 +55,7 @@ from ce_retrieval.serving.partitions import BallPartitions, build_partitions
 from ce_retrieval.serving.threshold_search import (
     default_threshold_params,
     exact_sets,
+    leaf_of_rows,
     tau_for_median_hits,
     tune_threshold_params,
 )
@@ -155,7 +156,14 @@ def _tune_threshold_search(
 
     base = default_threshold_params(len(x), params["reorder_num_neighbors"])
     every_leaf = params["num_leaves"] / max(1, params["leaves_to_search"])  # the leaves factor that searches all
-    p, recalls, table = tune_threshold_params(search, q, taus, truth, base, target, max_leaves_factor=every_leaf)
+    sizes = np.diff(partitions.offsets)
+
+    def expansion_items(found: list[np.ndarray]) -> float:  # the members of the leaves holding a query's hits
+        return float(np.mean([sizes[np.unique(leaf_of_rows(partitions, r))].sum() for r in found]))
+
+    p, recalls, table = tune_threshold_params(
+        search, q, taus, truth, base, target, max_leaves_factor=every_leaf, expansion_items=expansion_items
+    )
     measured = [r for r in recalls.values() if r is not None]
     return {
         "method": "approximate by default: ScaNN top-k with k grown x"

@@ -118,7 +118,7 @@ def build_partitions(x: np.ndarray, num_leaves: int, *, seed: int = 0) -> tuple[
     return order, BallPartitions(offsets, means.astype(np.float32), radii.astype(np.float32))
 
 
-def _union_rows(partitions: BallPartitions, leaves: np.ndarray) -> np.ndarray:
+def union_rows(partitions: BallPartitions, leaves: np.ndarray) -> np.ndarray:
     """Rows of the leaf-ordered gallery in the given leaves (ascending), without a Python loop over leaves."""
     starts, ends = partitions.offsets[leaves], partitions.offsets[leaves + 1]
     sizes = ends - starts
@@ -139,7 +139,7 @@ def _plan(partitions: BallPartitions, cand: np.ndarray, n: int) -> tuple[str, ob
     }
     plan = min(costs, key=costs.get)
     if plan == "union":
-        return plan, _union_rows(partitions, leaves)
+        return plan, union_rows(partitions, leaves)
     return plan, cand if plan == "pairs" else None
 
 

@@ -34,7 +34,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ce_retrieval.evaluation.search import exact_search
-from ce_retrieval.serving.partitions import BallPartitions, threshold_search
+from ce_retrieval.serving.partitions import BallPartitions, threshold_search, union_rows
 
 __all__ = ["ThresholdParams", "expand_to_leaves", "grow_topk_threshold", "set_recall", "tune_threshold_params"]
 
@@ -122,19 +122,38 @@ def expand_to_leaves(
     """Every item with ``q.x >= tau`` in the leaves that hold a row of ``found[q]`` (exactly scored; descending).
 
     A query's hits are few leaves' worth of items (those near it), but the ANN ranks leaves by their centres and
-    misses the hits of leaves it ranks low; one hit it did find brings in its leaf and every hit there. On the
-    benchmark's hard gallery at 1M a query's hits lie in a median 27 of 1,000 leaves, and the hits found with 3x the
-    top-10 leaves (set recall 0.967) expand to 0.992 by scoring 2.7 % of the gallery."""
-    lens = np.array([len(r) for r in found], dtype=np.int64)
+    misses the hits of leaves it ranks low; one hit it did find brings in its leaf and every hit there
+    (``benchmarks/results/threshold_leaves.md``: on the hard gallery at 1M, 99 % of a query's hits lie in a median
+    8 of 7,812 leaves, and ScaNN's hits with the top-10 leaves expand from set recall 0.86 to 0.98 by scoring about
+    1,100 items per query).
+
+    Up to ``SMALL_EXPANSION`` queries (a service's requests) are scored query by query with NumPy's own loops:
+    BLAS on such small products runs its thread pool for microseconds of work, and under concurrent requests the
+    pools of every request thread contend (measured through 8 threads at 100k: 90 queries/s with BLAS, against
+    ~2,600 for one thread). Larger batches go through ``partitions.threshold_search``: one product per leaf with
+    every query that probes it."""
+    leaf = [np.unique(leaf_of_rows(partitions, np.asarray(r, np.int64))) for r in found]
+    if len(queries) <= SMALL_EXPANSION:
+        out_rows, out_scores = [], []
+        for q, leaves in zip(queries, leaf, strict=True):
+            rows = union_rows(partitions, leaves)
+            scores = np.einsum("ij,j->i", gallery[rows], q)  # no BLAS (docstring)
+            keep = scores >= tau
+            rows, scores = rows[keep], scores[keep]
+            order = np.lexsort((rows, -scores))
+            out_rows.append(rows[order])
+            out_scores.append(scores[order].astype(np.float32))
+        return out_rows, out_scores
     mask = np.zeros((len(queries), len(partitions.offsets) - 1), dtype=bool)
-    if lens.sum():
-        rows = np.concatenate(found).astype(np.int64)
-        mask[np.repeat(np.arange(len(found)), lens), leaf_of_rows(partitions, rows)] = True
+    mask[np.repeat(np.arange(len(found)), [len(x) for x in leaf]), np.concatenate(leaf).astype(np.int64)] = True
     # one batch: each leaf is one product with every query that probes it (few leaves per query, many queries)
     out_rows, out_scores, _ = threshold_search(
         queries, gallery, tau, partitions, query_batch=max(1, len(queries)), leaves=mask
     )
     return out_rows, out_scores
+
+
+SMALL_EXPANSION = 8
 
 
 def leaf_of_rows(partitions: BallPartitions, rows: np.ndarray) -> np.ndarray:
@@ -187,35 +206,94 @@ def tune_threshold_params(
     base: ThresholdParams,
     target: float,
     max_leaves_factor: float = LEAVES_FACTORS[-1],
+    expansion_items: Callable[[list[np.ndarray]], float] | None = None,
 ) -> tuple[ThresholdParams, dict, list[dict]]:
-    """The first ``(leaves_factor, reorder_factor)`` whose set recall reaches ``target`` at every threshold in
-    ``taus``, walking leaves factors up and re-scoring depths up at each (module comment at ``LEAVES_FACTORS``).
+    """The first ``(leaves_factor, reorder_factor, expand_leaves)`` whose set recall reaches ``target`` at every
+    threshold in ``taus``, walking leaves factors up and re-scoring depths up at each (module comment at
+    ``LEAVES_FACTORS``); at each point without the leaf expansion first (it costs exact scores), then with it when
+    ``base.expand_leaves``.
+
+    When the first point to reach the target needs the expansion and ``expansion_items(found rows per query)``
+    (the exact scores the expansion made per query) is given, deeper re-scoring without the expansion at the same
+    leaves is tried too, and the point with fewer exact scores per query wins: ``reorder_factor x start_k`` (+ the
+    expansion's items). Both search the same leaves, so their quantised scoring costs the same; what differs is
+    exact scores (re-scored candidates against expanded leaves' members). On queries whose hits are spread thinly
+    (measured: captions against the hard gallery at 100k) the expansion scores thousands of items where 2x deeper
+    re-scoring reaches the target for 1,600 more.
 
     ``search(queries, tau, params) -> found rows per query``; ``max_leaves_factor`` is the factor that searches
     every leaf (the last one tried). Returns ``(params, recall per threshold name, tuning table)``; when no point
     reaches the target, the best one (by its lowest set recall)."""
     table: list[dict] = []
     factors = sorted({f for f in LEAVES_FACTORS if f < max_leaves_factor} | {float(max_leaves_factor)})
+    expansions = (False, True) if base.expand_leaves else (False,)
     start = 0
     for leaves_factor in factors:
         previous = None
         for j in range(start, len(REORDER_FACTORS)):
             reorder_factor = REORDER_FACTORS[j]
-            p = dataclasses.replace(base, leaves_factor=float(leaves_factor), reorder_factor=float(reorder_factor))
-            recalls = {name: set_recall(search(queries, tau, p), truth[name]) for name, tau in taus.items()}
-            table.append({"leaves_factor": leaves_factor, "reorder_factor": reorder_factor, "set_recall": recalls})
-            worst = _worst(table[-1])
-            if worst >= target:
-                return p, recalls, table
-            if previous is not None and worst - previous < REORDER_SATURATION:
+            best_here = 0.0
+            for expand in expansions:
+                p = dataclasses.replace(
+                    base, leaves_factor=float(leaves_factor), reorder_factor=float(reorder_factor), expand_leaves=expand
+                )
+                found = {name: search(queries, tau, p) for name, tau in taus.items()}
+                recalls = {name: set_recall(found[name], truth[name]) for name in taus}
+                table.append(
+                    {
+                        "leaves_factor": leaves_factor,
+                        "reorder_factor": reorder_factor,
+                        "expand_leaves": expand,
+                        "set_recall": recalls,
+                    }
+                )
+                if _worst(table[-1]) >= target:
+                    if expand and expansion_items is not None:
+                        items = max(expansion_items(f) for f in found.values())
+                        table[-1]["exact_scores_per_query"] = reorder_factor * base.start_k + items
+                        return _cheaper_without_expansion(search, queries, taus, truth, p, j, target, table) or (
+                            p,
+                            recalls,
+                            table,
+                        )
+                    return p, recalls, table
+                best_here = max(best_here, _worst(table[-1]))
+            if previous is not None and best_here - previous < REORDER_SATURATION:
                 start = j - 1  # deeper re-scoring stopped paying: more leaves, from the depth that saturated
                 break
-            previous = worst
+            previous = best_here
     best = max(table, key=_worst)
     p = dataclasses.replace(
-        base, leaves_factor=float(best["leaves_factor"]), reorder_factor=float(best["reorder_factor"])
+        base,
+        leaves_factor=float(best["leaves_factor"]),
+        reorder_factor=float(best["reorder_factor"]),
+        expand_leaves=best["expand_leaves"],
     )
     return p, best["set_recall"], table
+
+
+def _cheaper_without_expansion(search, queries, taus, truth, p: ThresholdParams, j: int, target: float, table):
+    """Deeper re-scoring without the expansion at ``p``'s leaves, while it scores fewer exact items per query than
+    ``p`` (the last row of ``table``): the first depth reaching ``target``, as ``(params, recalls, table)``, or
+    None."""
+    budget = table[-1]["exact_scores_per_query"]
+    for reorder_factor in REORDER_FACTORS[j + 1 :]:
+        if reorder_factor * p.start_k >= budget:
+            return None
+        q = dataclasses.replace(p, reorder_factor=float(reorder_factor), expand_leaves=False)
+        recalls = {name: set_recall(search(queries, tau, q), truth[name]) for name, tau in taus.items()}
+        table.append(
+            {
+                "leaves_factor": p.leaves_factor,
+                "reorder_factor": reorder_factor,
+                "expand_leaves": False,
+                "set_recall": recalls,
+                "exact_scores_per_query": reorder_factor * p.start_k,
+            }
+        )
+        if _worst(table[-1]) >= target:
+            return q, recalls, table
+    return None
 
 
 def _worst(row: dict) -> float:

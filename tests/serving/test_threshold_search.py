@@ -2,6 +2,7 @@
 (ties at tau, limit, fall-back past max_k) against brute force, and exact search equal to brute force on
 galleries where pruning does and does not help."""
 
+import dataclasses
 import os
 import shutil
 
@@ -139,13 +140,15 @@ def test_growth_rule_keeps_ties_at_tau_and_falls_back_past_max_k(limit):
     assert stats["exact_queries"] == (beyond if limit is None else 0)
 
 
-def recall_model(coverage: dict, accuracy: dict):
-    """A stand-in search whose set recall is coverage[leaves_factor] x accuracy[reorder_factor] on one query with
-    100,000 true hits (the first that many rows are found), so the tuning walk can be checked point by point."""
+def recall_model(coverage: dict, accuracy: dict, without_expansion: float = 0.99):
+    """A stand-in search whose set recall is coverage[leaves_factor] x accuracy[reorder_factor] (x
+    ``without_expansion`` when the leaf expansion is off) on one query with 100,000 true hits (the first that many
+    rows are found), so the tuning walk can be checked point by point."""
     truth = np.arange(100_000)
 
     def search(queries, tau, p):
-        return [truth[: round(len(truth) * coverage[p.leaves_factor] * accuracy[p.reorder_factor])]]
+        share = coverage[p.leaves_factor] * accuracy[p.reorder_factor] * (1.0 if p.expand_leaves else without_expansion)
+        return [truth[: round(len(truth) * share)]]
 
     return search, {"t": [truth]}
 
@@ -156,20 +159,45 @@ def test_tuning_walks_reorder_until_it_saturates_then_more_leaves():
     coverage = {1.0: 0.9, 1.5: 0.95, 2.0: 0.993, 3.0: 1.0, 4.0: 1.0, 6.0: 1.0, 8.0: 1.0}
     accuracy = {1.0: 0.95, 2.0: 0.99, 4.0: 0.996, 8.0: 0.997, 16.0: 1.0, 32.0: 1.0, 64.0: 1.0}
     search, truth = recall_model(coverage, accuracy)
-    base = ThresholdParams(start_k=10, max_k=100)
+    base = ThresholdParams(start_k=10, max_k=100, expand_leaves=True)
     p, recalls, table = tune_threshold_params(search, None, {"t": 0.5}, truth, base, 0.99)
-    walked = [(row["leaves_factor"], row["reorder_factor"]) for row in table]
-    # leaves x1: 0.855, 0.891, 0.8964, 0.8973 (+0.0009: saturated at x8); leaves x1.5 from x4: 0.9462, 0.9472
-    # (saturated); leaves x2 from x4: 0.98903, 0.99002 -> met
-    assert walked == [(1, 1), (1, 2), (1, 4), (1, 8), (1.5, 4), (1.5, 8), (2, 4), (2, 8)]
-    assert (p.leaves_factor, p.reorder_factor) == (2.0, 8.0) and recalls["t"] >= 0.99
+    walked = [(row["leaves_factor"], row["reorder_factor"], row["expand_leaves"]) for row in table]
+    # with expansion, leaves x1: 0.855, 0.891, 0.8964, 0.8973 (+0.0009: saturated at x8); leaves x1.5 from x4:
+    # 0.9462, 0.9472 (saturated); leaves x2 from x4: 0.98903, 0.99002 -> met; each point first without (x 0.99)
+    points = [(1, 1), (1, 2), (1, 4), (1, 8), (1.5, 4), (1.5, 8), (2, 4), (2, 8)]
+    assert walked == [(lf, rf, e) for lf, rf in points for e in (False, True)]
+    assert (p.leaves_factor, p.reorder_factor, p.expand_leaves) == (2.0, 8.0, True) and recalls["t"] >= 0.99
     assert (p.start_k, p.max_k) == (10, 100)
+    # a point that meets the target without the expansion keeps it off; a base without it never tries it
+    search, truth = recall_model(coverage, accuracy, without_expansion=1.0)
+    p, _, table = tune_threshold_params(search, None, {"t": 0.5}, truth, base, 0.99)
+    assert (p.leaves_factor, p.reorder_factor, p.expand_leaves) == (2.0, 8.0, False)
+    p, _, table = tune_threshold_params(
+        search, None, {"t": 0.5}, truth, dataclasses.replace(base, expand_leaves=False), 0.99
+    )
+    assert not any(row["expand_leaves"] for row in table)
+
+
+@pytest.mark.parametrize(("without_expansion", "items", "want"), [(0.998, 5000, (16, False)), (0.998, 50, (8, True))])
+def test_tuning_prefers_deeper_rescoring_when_the_expansion_scores_more(without_expansion, items, want):
+    """The first point reaching the target needs the expansion (2, 8); deeper re-scoring without it reaches the
+    target at (2, 16), which scores 16 x start_k = 160 exact items per query: chosen when the expansion scores more
+    (8 x 10 + 5,000), not when it scores less (8 x 10 + 50)."""
+    coverage = {1.0: 0.9, 1.5: 0.95, 2.0: 0.993, 3.0: 1.0, 4.0: 1.0, 6.0: 1.0, 8.0: 1.0}
+    accuracy = {1.0: 0.95, 2.0: 0.99, 4.0: 0.996, 8.0: 0.997, 16.0: 1.0, 32.0: 1.0, 64.0: 1.0}
+    search, truth = recall_model(coverage, accuracy, without_expansion=without_expansion)
+    base = ThresholdParams(start_k=10, max_k=100, expand_leaves=True)
+    p, recalls, table = tune_threshold_params(
+        search, None, {"t": 0.5}, truth, base, 0.99, expansion_items=lambda found: float(items)
+    )
+    assert (p.leaves_factor, p.reorder_factor, p.expand_leaves) == (2.0, float(want[0]), want[1])
+    assert recalls["t"] >= 0.99 and table[-1]["exact_scores_per_query"] in (160, 80 + items)
 
 
 def test_tuning_stops_at_every_leaf_and_keeps_the_best_when_the_target_is_out_of_reach():
     coverage = {1.0: 0.5, 1.5: 0.6, 2.0: 0.7, 2.5: 0.8}  # 2.5: every leaf (num_leaves / top-10 leaves)
     accuracy = dict.fromkeys((1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0), 0.9)
-    search, truth = recall_model(coverage, accuracy)
+    search, truth = recall_model(coverage, accuracy, without_expansion=1.0)
     base = ThresholdParams(start_k=10, max_k=100)
     p, recalls, table = tune_threshold_params(search, None, {"t": 0.5}, truth, base, 0.99, max_leaves_factor=2.5)
     assert max(row["leaves_factor"] for row in table) == 2.5  # factors past every leaf are never tried
@@ -232,9 +260,10 @@ def test_leaf_restricted_search_returns_exactly_the_hits_in_those_leaves(query_b
         threshold_search(q, xs, tau, None, leaves=leaves)
 
 
-def test_expansion_brings_every_hit_of_the_leaves_holding_a_found_hit():
+@pytest.mark.parametrize("num_queries", [3, 12])  # per query without BLAS (a service's requests), and batched
+def test_expansion_brings_every_hit_of_the_leaves_holding_a_found_hit(num_queries):
     x = clustered_unit_vectors(2000, 16, num_clusters=20, spread=0.6, seed=10)
-    q = clustered_unit_vectors(12, 16, num_clusters=20, spread=0.6, seed=11)
+    q = clustered_unit_vectors(num_queries, 16, num_clusters=20, spread=0.6, seed=11)
     order, parts = build_partitions(x, 30)
     xs, tau = x[order], 0.5
     truth = brute_force(q, xs, tau)
@@ -243,7 +272,8 @@ def test_expansion_brings_every_hit_of_the_leaves_holding_a_found_hit():
     rows, scores = expand_to_leaves(q, tau, found, xs, parts)
     for b, t in enumerate(truth):
         assert set(rows[b].tolist()) == {i for i in t if found[b].size and leaf[i] == leaf[found[b][0]]}
-        assert np.all(np.diff(scores[b]) <= 0)
+        np.testing.assert_allclose(scores[b], q[b] @ xs[rows[b]].T, atol=1e-6)
+        assert np.all(np.diff(scores[b]) <= 0) and scores[b].dtype == np.float32
 
 
 def test_manifests_without_expansion_keep_their_measured_search():
