@@ -16,13 +16,23 @@ Past ``max_k`` (a tenth of the gallery by default) a scan is cheaper than more A
 are answered exactly. With ``limit`` L a query stops growing once it holds more than L hits (its best L are
 what is returned; one more tells the caller the answer was cut).
 
+Then the leaf expansion (``expand_to_leaves``, ``ThresholdParams.expand_leaves``): with H_q the hits found and
+P(x) the threshold-partition leaf of item x (a k-means of ~128 items per leaf, finer than the ANN's leaves),
+
+    A_q = { x : P(x) in P(H_q), q.x >= tau }      (every member of those leaves scored exactly),
+
+a superset of H_q: a query's hits are near each other and share small leaves, while the ANN ranks its own larger
+leaves by their centres and misses the hits of leaves it ranks low. An item above tau is then missed only when no
+hit of its partition leaf was found.
+
 What the index guarantees is a *measured* figure, not a bound: at build time the set recall
 
     set recall(tau) = sum_q |A_q(tau) & E_q(tau)| / sum_q |E_q(tau)|      (A: approximate, E: exact answer)
 
-is measured on held-out evaluation queries at each calibrated threshold, the cheapest ``(leaves_factor,
-reorder_factor)`` reaching the target (0.99) is chosen and the figures go in the manifest
-(``threshold_search``). ``exact=True`` (or an index without such a measurement) uses the exact search.
+is measured on held-out evaluation queries at each calibrated threshold, the first ``(leaves_factor,
+reorder_factor, expand_leaves)`` of the tuning walk reaching the target (0.99) is chosen (``tune_threshold_params``)
+and the figures go in the manifest (``threshold_search``). ``exact=True`` (or an index without such a measurement)
+uses the exact search.
 """
 
 from __future__ import annotations
