@@ -235,75 +235,65 @@ def tune_threshold_params(
     every leaf (the last one tried). Returns ``(params, recall per threshold name, tuning table)``; when no point
     reaches the target, the best one (by its lowest set recall)."""
     table: list[dict] = []
+    tried: list[ThresholdParams] = []
+
+    def measure(p: ThresholdParams) -> tuple[dict, dict]:
+        """Runs ``p`` at every threshold, appends its row to the tuning table; returns (row, found rows)."""
+        found = {name: search(queries, tau, p) for name, tau in taus.items()}
+        recalls = {name: set_recall(found[name], truth[name]) for name in taus}
+        row = {
+            "leaves_factor": p.leaves_factor,
+            "reorder_factor": p.reorder_factor,
+            "expand_leaves": p.expand_leaves,
+            "set_recall": recalls,
+        }
+        table.append(row)
+        tried.append(p)
+        return row, found
+
     factors = sorted({f for f in LEAVES_FACTORS if f < max_leaves_factor} | {float(max_leaves_factor)})
     expansions = (False, True) if base.expand_leaves else (False,)
     start = 0
     for leaves_factor in factors:
         previous = None
         for j in range(start, len(REORDER_FACTORS)):
-            reorder_factor = REORDER_FACTORS[j]
             best_here = 0.0
             for expand in expansions:
                 p = dataclasses.replace(
-                    base, leaves_factor=float(leaves_factor), reorder_factor=float(reorder_factor), expand_leaves=expand
+                    base,
+                    leaves_factor=float(leaves_factor),
+                    reorder_factor=float(REORDER_FACTORS[j]),
+                    expand_leaves=expand,
                 )
-                found = {name: search(queries, tau, p) for name, tau in taus.items()}
-                recalls = {name: set_recall(found[name], truth[name]) for name in taus}
-                table.append(
-                    {
-                        "leaves_factor": leaves_factor,
-                        "reorder_factor": reorder_factor,
-                        "expand_leaves": expand,
-                        "set_recall": recalls,
-                    }
-                )
-                if _worst(table[-1]) >= target:
+                row, found = measure(p)
+                if _worst(row) >= target:
                     if expand and expansion_items is not None:
                         items = max(expansion_items(f) for f in found.values())
-                        table[-1]["exact_scores_per_query"] = reorder_factor * base.start_k + items
-                        return _cheaper_without_expansion(search, queries, taus, truth, p, j, target, table) or (
-                            p,
-                            recalls,
-                            table,
-                        )
-                    return p, recalls, table
-                best_here = max(best_here, _worst(table[-1]))
+                        row["exact_scores_per_query"] = p.reorder_factor * p.start_k + items
+                        p, row = _cheaper_without_expansion(measure, p, row, j, target)
+                    return p, row["set_recall"], table
+                best_here = max(best_here, _worst(row))
             if previous is not None and best_here - previous < REORDER_SATURATION:
                 start = j - 1  # deeper re-scoring stopped paying: more leaves, from the depth that saturated
                 break
             previous = best_here
-    best = max(table, key=_worst)
-    p = dataclasses.replace(
-        base,
-        leaves_factor=float(best["leaves_factor"]),
-        reorder_factor=float(best["reorder_factor"]),
-        expand_leaves=best["expand_leaves"],
-    )
-    return p, best["set_recall"], table
+    best = max(range(len(table)), key=lambda i: _worst(table[i]))
+    return tried[best], table[best]["set_recall"], table
 
 
-def _cheaper_without_expansion(search, queries, taus, truth, p: ThresholdParams, j: int, target: float, table):
-    """Deeper re-scoring without the expansion at ``p``'s leaves, while it scores fewer exact items per query than
-    ``p`` (the last row of ``table``): the first depth reaching ``target``, as ``(params, recalls, table)``, or
-    None."""
-    budget = table[-1]["exact_scores_per_query"]
+def _cheaper_without_expansion(measure, p: ThresholdParams, row: dict, j: int, target: float):
+    """Deeper re-scoring than ``REORDER_FACTORS[j]`` without the expansion at ``p``'s leaves, while it makes fewer
+    exact scores per query than ``p`` (``row["exact_scores_per_query"]``): the first depth reaching ``target``, as
+    ``(params, row)``, else ``(p, row)``."""
     for reorder_factor in REORDER_FACTORS[j + 1 :]:
-        if reorder_factor * p.start_k >= budget:
-            return None
+        if reorder_factor * p.start_k >= row["exact_scores_per_query"]:
+            break
         q = dataclasses.replace(p, reorder_factor=float(reorder_factor), expand_leaves=False)
-        recalls = {name: set_recall(search(queries, tau, q), truth[name]) for name, tau in taus.items()}
-        table.append(
-            {
-                "leaves_factor": p.leaves_factor,
-                "reorder_factor": reorder_factor,
-                "expand_leaves": False,
-                "set_recall": recalls,
-                "exact_scores_per_query": reorder_factor * p.start_k,
-            }
-        )
-        if _worst(table[-1]) >= target:
-            return q, recalls, table
-    return None
+        deeper, _ = measure(q)
+        deeper["exact_scores_per_query"] = reorder_factor * p.start_k
+        if _worst(deeper) >= target:
+            return q, deeper
+    return p, row
 
 
 def _worst(row: dict) -> float:
