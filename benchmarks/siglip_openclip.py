@@ -65,6 +65,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks import machine_load  # noqa: E402  (CPU model for the record; no TensorFlow)
+from benchmarks.record_files import write_record  # noqa: E402
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -552,14 +553,7 @@ def main(argv=None) -> int:
         "check": check,
         "rows": rows,
     }
-    os.makedirs(args.out, exist_ok=True)
-    base = os.path.join(args.out, "siglip_openclip")
-    with open(base + ".json", "w", encoding="utf-8") as f:
-        json.dump(record, f, indent=1)
-    text = markdown(record)
-    with open(base + ".md", "w", encoding="utf-8") as f:
-        f.write(text)
-    print(text)
+    write_record(args.out, "siglip_openclip", record, markdown(record))
     return 0
 
 

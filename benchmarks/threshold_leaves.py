@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import json
 import os
 import sys
 import tempfile
@@ -34,6 +33,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import threshold_search as ts  # noqa: E402
 
+from benchmarks.record_files import write_record  # noqa: E402
 from ce_retrieval.serving.gallery import GalleryIndex  # noqa: E402  (imports ScaNN before BLAS work)
 from ce_retrieval.serving.partitions import build_partitions, spherical_kmeans  # noqa: E402
 from ce_retrieval.serving.threshold_search import set_recall  # noqa: E402
@@ -128,14 +128,7 @@ def main(argv=None) -> None:
         record["query_sets"][name] = qs
     load.append(ts._loadavg())
     record["load_average_1_5_15"] = {"start": load[0], "end": load[1]}
-    os.makedirs(args.out, exist_ok=True)
-    base = os.path.join(args.out, "threshold_leaves")
-    with open(base + ".json", "w", encoding="utf-8") as f:
-        json.dump(record | {"command": command}, f, indent=1)
-    text = markdown(record, command)
-    with open(base + ".md", "w", encoding="utf-8") as f:
-        f.write(text)
-    print(text)
+    write_record(args.out, "threshold_leaves", record | {"command": command}, markdown(record, command))
 
 
 def markdown(r: dict, command: str) -> str:

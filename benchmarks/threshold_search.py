@@ -58,6 +58,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 
+from benchmarks.record_files import write_json, write_record  # noqa: E402
 from ce_retrieval.serving.gallery import GalleryIndex  # noqa: E402  (imports ScaNN before BLAS work)
 from ce_retrieval.serving.index import write_index_folder  # noqa: E402
 from ce_retrieval.serving.threshold_search import scann_leaves, set_recall  # noqa: E402
@@ -371,19 +372,13 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     args = ap.parse_args(argv)
     command = "python benchmarks/threshold_search.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    os.makedirs(args.out, exist_ok=True)
-    base = os.path.join(args.out, f"threshold_search_{args.n}")
+    name = f"threshold_search_{args.n}"
 
     def save(record: dict) -> None:  # after the build and each timed query: an interrupted run keeps its figures
-        with open(base + ".json", "w", encoding="utf-8") as f:
-            json.dump(record | {"command": command}, f, indent=1)
+        write_json(args.out, name, record | {"command": command})
 
     r = run(args.n, args.queries, args.repeats, args.workdir, keep=args.keep, save=save)
-    save(r)
-    text = markdown(r, command)
-    with open(base + ".md", "w", encoding="utf-8") as f:
-        f.write(text)
-    print(text)
+    write_record(args.out, name, r | {"command": command}, markdown(r, command))
 
 
 if __name__ == "__main__":

@@ -56,6 +56,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import numpy as np  # noqa: E402
 import reliability  # noqa: E402  (benchmarks/reliability.py: server_process, load)
 
+from benchmarks.record_files import write_record  # noqa: E402
 from ce_retrieval.serving import layout  # noqa: E402
 
 CONCURRENCY = (1, 8)
@@ -431,14 +432,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     command = "python benchmarks/threshold_service.py " + " ".join(sys.argv[1:] if argv is None else argv)
     r = run(args, command.strip())
-    os.makedirs(args.out, exist_ok=True)
-    base = os.path.join(args.out, "threshold_service")
-    with open(base + ".json", "w", encoding="utf-8") as f:
-        json.dump(r, f, indent=1)
-    text = markdown(r)
-    with open(base + ".md", "w", encoding="utf-8") as f:
-        f.write(text)
-    print(text)
+    write_record(args.out, "threshold_service", r, markdown(r))
     return 0 if r["all_requests_succeeded"] else 1
 
 
