@@ -35,7 +35,7 @@ import threshold_search as ts  # noqa: E402
 
 from benchmarks.record_files import write_record  # noqa: E402
 from ce_retrieval.serving.gallery import GalleryIndex  # noqa: E402  (imports ScaNN before BLAS work)
-from ce_retrieval.serving.partitions import build_partitions, spherical_kmeans  # noqa: E402
+from ce_retrieval.serving.partitions import build_partitions, leaf_of_rows, spherical_kmeans  # noqa: E402
 from ce_retrieval.serving.threshold_search import set_recall  # noqa: E402
 
 
@@ -60,7 +60,7 @@ def split_partitions(x: np.ndarray, num_leaves: int, split: int, seed: int = 0) 
 def flat_partitions(x: np.ndarray, num_leaves: int, seed: int = 0) -> np.ndarray:
     order, parts = build_partitions(x, num_leaves, seed=seed)
     leaf = np.empty(len(x), np.int64)
-    leaf[order] = np.searchsorted(parts.offsets, np.arange(len(x)), side="right") - 1
+    leaf[order] = leaf_of_rows(parts, np.arange(len(x)))
     return leaf
 
 
@@ -101,7 +101,7 @@ def main(argv=None) -> None:
     variants = {
         f"flat, {num_leaves} leaves (ScaNN's count)": flat_partitions(xs, num_leaves),
         f"flat, {len(index.partitions.offsets) - 1} leaves (the index's threshold partitions)": (
-            np.searchsorted(index.partitions.offsets, np.arange(len(xs)), side="right") - 1
+            leaf_of_rows(index.partitions, np.arange(len(xs)))
         ),
         f"{num_leaves} leaves each split in 8": split_partitions(xs, num_leaves, 8),
     }

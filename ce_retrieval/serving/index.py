@@ -51,11 +51,10 @@ from ce_retrieval.serving.gallery import (
     embeddings_digest,
     ids_digest,
 )
-from ce_retrieval.serving.partitions import BallPartitions, build_partitions
+from ce_retrieval.serving.partitions import BallPartitions, build_partitions, leaf_of_rows
 from ce_retrieval.serving.threshold_search import (
     default_threshold_params,
     exact_sets,
-    leaf_of_rows,
     tau_for_median_hits,
     tune_threshold_params,
 )
@@ -66,10 +65,11 @@ TARGET_SET_RECALL = 0.99
 THRESHOLD_TUNING_QUERIES = 200
 # Threshold partitions: a flat spherical k-means with leaves of ~128 items (never fewer leaves than ScaNN's, at
 # most 8,192). Finer leaves follow a query's hits more closely: on the benchmark's hard gallery at 1M, the leaves
-# holding the hits the ANN found (top-10 leaves, re-scoring 2k) hold 1,048 items per query with 8,000 leaves
-# (expanded set recall 0.9885) against 26,178 with 1,000 (0.968). Flat matters: 1,000 leaves each split in 8 by its
-# own k-means gave 4,117 items and 0.958 (the split cuts the data's clusters at the coarse boundaries). The cap
-# bounds the build's assignment pass (n x leaves x d multiply-adds: 1.0e13 at 10M x 128).
+# holding the hits the ANN found (top-10 leaves, re-scoring 2k) hold 1,077 items per query with 7,812 leaves
+# (expanded set recall 0.984) against 24,618 with 1,000 (0.963). Flat matters: 1,000 leaves each split in 8 by its
+# own k-means gave 3,917 items and 0.952 (the split cuts the data's clusters at the coarse boundaries;
+# benchmarks/results/threshold_leaves.md). The cap bounds the build's assignment pass (n x leaves x d
+# multiply-adds: 1.0e13 at 10M x 128).
 PARTITION_LEAF_ITEMS, MAX_PARTITION_LEAVES = 128, 8192
 PRECISION_LEVELS = ("0.5", "0.8", "0.9")
 SCORE = "cosine similarity q.x of unit vectors"

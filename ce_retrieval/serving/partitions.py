@@ -118,6 +118,11 @@ def build_partitions(x: np.ndarray, num_leaves: int, *, seed: int = 0) -> tuple[
     return order, BallPartitions(offsets, means.astype(np.float32), radii.astype(np.float32))
 
 
+def leaf_of_rows(partitions: BallPartitions, rows: np.ndarray) -> np.ndarray:
+    """The leaf of each row of the leaf-ordered gallery."""
+    return np.searchsorted(partitions.offsets, rows, side="right") - 1
+
+
 def union_rows(partitions: BallPartitions, leaves: np.ndarray) -> np.ndarray:
     """Rows of the leaf-ordered gallery in the given leaves (ascending), without a Python loop over leaves."""
     starts, ends = partitions.offsets[leaves], partitions.offsets[leaves + 1]
@@ -211,7 +216,7 @@ def threshold_search(
         hr = np.concatenate(hit_row) if hit_row else np.zeros(0, np.int64)
         hs = np.concatenate(hit_s) if hit_s else np.zeros(0, np.float32)
         if leaves is not None:  # a scan or union plan also scores rows outside a query's own leaves: drop them
-            own = cand[batch[hq], np.searchsorted(partitions.offsets, hr, side="right") - 1]
+            own = cand[batch[hq], leaf_of_rows(partitions, hr)]
             hq, hr, hs = hq[own], hr[own], hs[own]
         order = np.lexsort((hr, -hs, hq))  # by query, then score descending, then row
         hq, hr, hs = hq[order], hr[order], hs[order]

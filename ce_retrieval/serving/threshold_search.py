@@ -44,7 +44,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ce_retrieval.evaluation.search import exact_search
-from ce_retrieval.serving.partitions import BallPartitions, threshold_search, union_rows
+from ce_retrieval.serving.partitions import BallPartitions, leaf_of_rows, threshold_search, union_rows
 
 __all__ = ["ThresholdParams", "expand_to_leaves", "grow_topk_threshold", "set_recall", "tune_threshold_params"]
 
@@ -53,10 +53,10 @@ GROWTH = 4
 # re-scoring stops helping (set recall up by < REORDER_SATURATION), then moves to more leaves, starting from the
 # re-scoring depth that saturated. Leaves dominate the cost (each extra leaf is n / L items' quantised scores;
 # re-scoring r k candidates costs r k d flops, 0.4 MFLOP for r k = 3,200, d = 128) and what they buy is the hits'
-# coverage: on the benchmark's hard gallery at 1M, set recall stays at 0.917 from 1x to 8x re-scoring with the
-# top-10 setting's leaves and rises to 0.968 with 2x the leaves (benchmarks/results/threshold_search_1000000.md).
-# Fine leaves steps matter: between 2x and 4x the leaves a query costs 1.5-2x more. Deep re-scoring is what
-# queries unlike the gallery need (the 4-bit scores are least accurate far from the gallery's clusters).
+# coverage: on the benchmark's hard gallery, with the top-10 setting's leaves deeper re-scoring stops helping well
+# short of the target and more leaves are what raise set recall (the walk is in each manifest's ``tuning``). Fine
+# leaves steps matter: between 2x and 4x the leaves a query costs 1.5-2x more. Deep re-scoring is what queries
+# unlike the gallery need (the 4-bit scores are least accurate far from the gallery's clusters).
 LEAVES_FACTORS = (1, 1.5, 2, 3, 4, 6, 8)
 REORDER_FACTORS = (1, 2, 4, 8, 16, 32, 64)
 REORDER_SATURATION = 0.002
@@ -126,6 +126,9 @@ def grow_topk_threshold(
     return rows, scores, {"rounds": rounds, "exact_queries": int(len(todo)), "max_k": k_used}
 
 
+SMALL_EXPANSION = 8  # up to this many queries, expand_to_leaves scores query by query without BLAS
+
+
 def expand_to_leaves(
     queries: np.ndarray, tau: float, found: list[np.ndarray], gallery: np.ndarray, partitions: BallPartitions
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -161,14 +164,6 @@ def expand_to_leaves(
         queries, gallery, tau, partitions, query_batch=max(1, len(queries)), leaves=mask
     )
     return out_rows, out_scores
-
-
-SMALL_EXPANSION = 8
-
-
-def leaf_of_rows(partitions: BallPartitions, rows: np.ndarray) -> np.ndarray:
-    """The leaf of each row of the leaf-ordered gallery."""
-    return np.searchsorted(partitions.offsets, rows, side="right") - 1
 
 
 def set_recall(found: list[np.ndarray], truth: list[np.ndarray]) -> float | None:
