@@ -1,0 +1,397 @@
+"""Thresholds with a guarantee: "precision >= p on new queries against the served gallery", with confidence 1 - delta.
+
+Why not the validation curve's threshold. ``threshold_for_precision`` ships the lowest threshold whose
+validation precision reaches p: the largest-recall point that happens to cross the line on one sample, which
+is optimistic by construction (winner's curse), and it speaks about a gallery of the validation split's size.
+
+Rates that do not depend on the gallery's size. For a threshold t, over caption x image pairs,
+
+    TPR(t) = P(s >= t | relevant),      FPR(t) = P(s >= t | irrelevant).
+
+A served gallery of M items where a query has r relevant items on average (r measured on validation, or given)
+returns r TPR relevant and (M - r) FPR irrelevant items per query, so the precision of "s >= t" there is
+
+    prec_M(t) = r TPR(t) / (r TPR(t) + (M - r) FPR(t)).                                    (1)
+
+At the validation gallery's own size (1) is exactly the global PR curve's precision TP / (TP + FP), so the
+point estimate is today's calibrated threshold; for a larger gallery the same rates give a lower precision.
+
+Confidence bounds that respect how the data were sampled. Validation pairs are not independent: every
+caption's pairs share the caption, every image's pairs share the image, and the captions of one image share it
+too. Each rate is a proportion X / n over such clustered pairs. Its variance is estimated with two-way cluster
+sums (Cameron, Gelbach & Miller 2011) over query units (the captions of one image id) and gallery images,
+
+    V = K_u/(K_u-1) sum_u (x_u - p n_u)^2 / n^2  +  K_v/(K_v-1) sum_v (x_v - p n_v)^2 / n^2,
+
+(for relevant pairs the two clusterings coincide, so only the query units are used), giving the design effect
+``deff = V / (p (1 - p) / n)`` (at least 1) and the effective sample size ``n / deff``. The bound is then the
+Clopper-Pearson bound of the proportion at the effective sample size (Korn & Graubard 1998), exact for
+independent pairs and widened by the clustering otherwise. Where a rate has fewer than ``MIN_EVENTS`` events
+the variance estimate is unreliable, and the design effect of the nearest grid point with enough events is used.
+
+Simultaneous over thresholds and levels (Learn then Test, Angelopoulos et al. 2021, Bonferroni form). The
+candidate thresholds are G order statistics of the validation positives' scores (TPR levels 1/G, 2/G, ..., 1).
+Each of the 2G bounds (TPR lower, FPR upper) is taken at alpha = delta / (2G), so with probability >= 1 - delta
+all of them hold at once; then every candidate whose bounded precision
+
+    prec_lo(t) = r TPR_lo(t) / (r TPR_lo(t) + (M - r) FPR_hi(t))                           (2)
+
+reaches p has prec_M(t) >= p, for every offered level p simultaneously. The guaranteed threshold for p is the
+lowest such candidate (largest recall); none is a refusal ("the validation data cannot certify p"), never a
+silent fallback. The order statistics make the TPR bound exact: at the k-th highest of n positive scores the
+true TPR follows Beta(k, n - k + 1), whose alpha quantile is the Clopper-Pearson bound at X = k.
+
+Assumptions (docs/evaluation.md): validation queries and images are drawn like the served ones (the guarantee
+is about the population they come from, not about a different domain: recalibrate there with a few labels),
+extra served items are irrelevant to a query at the validation FPR, and r is right for the served gallery.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+from scipy import stats
+
+from ce_retrieval.evaluation._arrays import block_rows, check_pair, required_positive_pairs
+from ce_retrieval.evaluation.calibration import DEFAULT_BLOCK_ELEMENTS
+
+__all__ = [
+    "DEFAULT_DELTA",
+    "DEFAULT_GRID",
+    "METHOD",
+    "ScoreRates",
+    "clopper_pearson",
+    "guaranteed_thresholds",
+    "measure_rates",
+    "rates_from_scores",
+    "precision_at_size",
+]
+
+DEFAULT_DELTA = 0.1
+DEFAULT_GRID = 64
+MIN_EVENTS = 10
+METHOD = "ltt-bonferroni/clopper-pearson-clustered"
+FORMAT = "rates/1"
+
+
+def clopper_pearson(x, n, alpha, upper: bool) -> np.ndarray:
+    """One-sided Clopper-Pearson bound of a proportion with ``x`` events in ``n`` trials (real-valued x and n
+    allowed: an effective sample size). Lower: Beta(x, n - x + 1).ppf(alpha), 0 at x = 0; upper:
+    Beta(x + 1, n - x).ppf(1 - alpha), 1 at x = n."""
+    x, n = np.asarray(x, np.float64), np.asarray(n, np.float64)
+    x = np.clip(x, 0.0, n)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        if upper:
+            out = np.where(x >= n, 1.0, stats.beta.ppf(1.0 - alpha, x + 1.0, np.maximum(n - x, 1e-12)))
+        else:
+            out = np.where(x <= 0, 0.0, stats.beta.ppf(alpha, np.maximum(x, 1e-12), n - x + 1.0))
+    return np.nan_to_num(out, nan=1.0 if upper else 0.0)
+
+
+@dataclasses.dataclass
+class ScoreRates:
+    """Counts of relevant / irrelevant pairs at or above each candidate threshold on a calibration split, with
+    their design effects; what a gallery of any size needs to get its thresholds (eq. 1, 2)."""
+
+    thresholds: np.ndarray  # float32 [G], descending: order statistics of the positives' scores
+    tp: np.ndarray  # int64 [G]: relevant pairs with s >= t
+    fp: np.ndarray  # int64 [G]: irrelevant pairs with s >= t
+    deff_tp: np.ndarray  # float64 [G] >= 1
+    deff_fp: np.ndarray  # float64 [G] >= 1
+    num_positives: int
+    num_negatives: int
+    num_queries: int
+    num_documents: int
+    # the full curve for the point estimate: every distinct positive score (descending) and its counts
+    curve_thresholds: np.ndarray
+    curve_tp: np.ndarray
+    curve_fp: np.ndarray
+
+    @property
+    def relevant_per_query(self) -> float:
+        return self.num_positives / self.num_queries
+
+    def to_json(self) -> dict:
+        f = lambda a, d=7: [round(float(v), d) for v in a]  # noqa: E731
+        return {
+            "format": FORMAT,
+            "thresholds": f(self.thresholds, 9),
+            "tp": [int(v) for v in self.tp],
+            "fp": [int(v) for v in self.fp],
+            "deff_tp": [float(v) for v in self.deff_tp],
+            "deff_fp": [float(v) for v in self.deff_fp],
+            "num_positives": int(self.num_positives),
+            "num_negatives": int(self.num_negatives),
+            "num_queries": int(self.num_queries),
+            "num_documents": int(self.num_documents),
+            "curve_thresholds": f(self.curve_thresholds, 9),
+            "curve_tp": [int(v) for v in self.curve_tp],
+            "curve_fp": [int(v) for v in self.curve_fp],
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> ScoreRates:
+        if d.get("format") != FORMAT:
+            raise ValueError(f"unknown rates format {d.get('format')!r}, expected {FORMAT!r}")
+        arr = lambda k, t: np.asarray(d[k], t)  # noqa: E731
+        return cls(
+            arr("thresholds", np.float32),
+            arr("tp", np.int64),
+            arr("fp", np.int64),
+            arr("deff_tp", np.float64),
+            arr("deff_fp", np.float64),
+            int(d["num_positives"]),
+            int(d["num_negatives"]),
+            int(d["num_queries"]),
+            int(d["num_documents"]),
+            arr("curve_thresholds", np.float32),
+            arr("curve_tp", np.int64),
+            arr("curve_fp", np.int64),
+        )
+
+
+def _grid(pos_scores: np.ndarray, size: int) -> np.ndarray:
+    """Descending candidate thresholds: the ceil(P g / G)-th highest positive score for g = 1..G (distinct)."""
+    desc = np.sort(pos_scores)[::-1]
+    ranks = np.unique(np.ceil(len(desc) * np.arange(1, size + 1) / size).astype(np.int64))
+    return np.unique(desc[np.clip(ranks, 1, len(desc)) - 1])[::-1]
+
+
+def _cluster_variance(x_unit: np.ndarray, n_unit: np.ndarray, n: int) -> np.ndarray:
+    """Cluster-robust variance of X / n from per-unit counts ``x_unit`` [K, G] and pair counts ``n_unit`` [K]."""
+    keep = n_unit > 0
+    x_unit, n_unit = x_unit[keep], n_unit[keep]
+    k = len(n_unit)
+    if k < 2 or n == 0:
+        return np.zeros(x_unit.shape[1])
+    p = x_unit.sum(0) / n
+    resid = x_unit - n_unit[:, None] * p[None, :]
+    return (k / (k - 1)) * np.sum(resid * resid, axis=0) / float(n) ** 2
+
+
+def _design_effect(var: np.ndarray, x: np.ndarray, n: int) -> np.ndarray:
+    """``V / (p (1 - p) / n)`` at least 1; points with fewer than MIN_EVENTS events (or none left) take the
+    value of the nearest point that has enough (the largest over all points when none has)."""
+    p = x / max(n, 1)
+    binom = p * (1 - p) / max(n, 1)
+    deff = np.where(binom > 0, var / np.where(binom > 0, binom, 1.0), 1.0)
+    deff = np.maximum(deff, 1.0)
+    ok = (x >= MIN_EVENTS) & (n - x >= MIN_EVENTS)
+    if not ok.any():
+        return np.full_like(deff, float(deff.max()) if len(deff) else 1.0)
+    good = np.flatnonzero(ok)
+    nearest = good[np.argmin(np.abs(np.arange(len(deff))[:, None] - good[None, :]), axis=1)]
+    return np.where(ok, deff, deff[nearest])
+
+
+def _ge_counts(hist: np.ndarray) -> np.ndarray:
+    """``#{s >= a[j]}`` from histograms of ``searchsorted(a, s, 'right')`` over the last axis (length G + 1)."""
+    return np.cumsum(hist[..., ::-1], axis=-1)[..., ::-1][..., 1:]
+
+
+def measure_rates(
+    query_emb, doc_emb, query_ids, doc_ids, grid_size: int = DEFAULT_GRID, block_size: int | None = None
+) -> ScoreRates:
+    """Counts and design effects of both rates at ``grid_size`` candidate thresholds, over every query x
+    document pair of a calibration split (positive iff the ids are equal), streamed in row blocks.
+
+    Query units are the distinct query ids (the captions of one image), gallery units the documents.
+    Scores are the float32 products of row blocks ``Q[r0:r1] D^T``, as ``global_pr_auc`` makes them.
+    """
+    q, d, qids, dids = check_pair(query_emb, doc_emb, query_ids, doc_ids)
+    dt = np.ascontiguousarray(d.T)
+    rows = block_rows(block_size, len(d), DEFAULT_BLOCK_ELEMENTS)
+    return _rates(lambda r0, r1: q[r0:r1] @ dt, len(q), len(d), qids, dids, grid_size, rows)
+
+
+def rates_from_scores(scores, query_ids, doc_ids, grid_size: int = DEFAULT_GRID) -> ScoreRates:
+    """:func:`measure_rates` on a given ``[N, M]`` score matrix (simulations, other scorers)."""
+    s = np.asarray(scores, np.float32)
+    if s.ndim != 2 or not np.all(np.isfinite(s)):
+        raise ValueError(f"scores must be a finite [num_queries, num_documents] matrix, got shape {s.shape}")
+    qids, dids = np.asarray(query_ids).reshape(-1), np.asarray(doc_ids).reshape(-1)
+    if (len(qids), len(dids)) != s.shape:
+        raise ValueError(f"ids ({len(qids)}, {len(dids)}) do not match the scores' shape {s.shape}")
+    return _rates(lambda r0, r1: s[r0:r1], s.shape[0], s.shape[1], qids, dids, grid_size, s.shape[0])
+
+
+def _rates(block, n: int, m: int, qids, dids, grid_size: int, rows: int) -> ScoreRates:
+    """Two passes over the score blocks ``block(r0, r1)``: the positives' scores (the candidates), then every
+    score's position among the candidates, per query row and per document."""
+    if int(grid_size) < 1:
+        raise ValueError(f"grid_size must be at least 1, got {grid_size}")
+    pos_rows, pos_cols = required_positive_pairs(qids, dids, "measure_rates")
+    starts = np.searchsorted(pos_rows, np.arange(0, n + rows, rows))
+    blocks = [(r0, min(n, r0 + rows), starts[b], starts[b + 1]) for b, r0 in enumerate(range(0, n, rows))]
+
+    pos_scores = np.empty(len(pos_rows), np.float32)  # pass 1: the positives' scores, as pass 2's blocks give them
+    for r0, r1, a, z in blocks:
+        if z > a:
+            pos_scores[a:z] = block(r0, r1)[pos_rows[a:z] - r0, pos_cols[a:z]]
+    grid = _grid(pos_scores, int(grid_size))
+    asc = grid[::-1].copy()
+    g = len(asc)
+    curve_asc = np.unique(pos_scores)  # every distinct positive score: the point estimate's curve
+
+    row_hist = np.zeros((n, g + 1), np.int64)  # pass 2: every score's grid position, per query row and document
+    col_hist = np.zeros((m, g + 1), np.int64)
+    curve_hist = np.zeros(len(curve_asc) + 1, np.int64)
+    for r0, r1, a, z in blocks:
+        s = block(r0, r1)
+        if not np.array_equal(s[pos_rows[a:z] - r0, pos_cols[a:z]], pos_scores[a:z]):
+            raise RuntimeError("the matrix product is not deterministic across passes; cannot count ties exactly")
+        b = np.searchsorted(asc, s, side="right")  # [r, M] in 0..G
+        row_hist[r0:r1] = np.bincount(
+            (np.arange(r1 - r0)[:, None] * (g + 1) + b).reshape(-1), minlength=(r1 - r0) * (g + 1)
+        ).reshape(r1 - r0, g + 1)
+        col_hist += np.bincount((np.arange(m)[None, :] * (g + 1) + b).reshape(-1), minlength=m * (g + 1)).reshape(
+            m, g + 1
+        )
+        curve_hist += np.bincount(np.searchsorted(curve_asc, s.reshape(-1), side="right"), minlength=len(curve_asc) + 1)
+    pb = np.searchsorted(asc, pos_scores, side="right")
+    pos_row_hist = np.zeros((n, g + 1), np.int64)
+    np.add.at(pos_row_hist, (pos_rows, pb), 1)
+    pos_col_hist = np.zeros((m, g + 1), np.int64)
+    np.add.at(pos_col_hist, (pos_cols, pb), 1)
+    neg_row = _ge_counts(row_hist - pos_row_hist)[:, ::-1]  # [N, G], columns in descending-threshold order
+    neg_col = _ge_counts(col_hist - pos_col_hist)[:, ::-1]
+    pos_row = _ge_counts(pos_row_hist)[:, ::-1]
+
+    num_pos, num_neg = len(pos_rows), n * m - len(pos_rows)
+    unit_of_row = np.unique(qids, return_inverse=True)[1].reshape(-1)
+    units = unit_of_row.max() + 1
+    pos_per_row = np.bincount(pos_rows, minlength=n)
+
+    def by_unit(a):
+        out = np.zeros((units, a.shape[1]) if a.ndim == 2 else units, np.float64)
+        np.add.at(out, unit_of_row, a)
+        return out
+
+    tp, fp = pos_row.sum(0), neg_row.sum(0)
+    var_tp = _cluster_variance(by_unit(pos_row), by_unit(pos_per_row), num_pos)
+    neg_per_row = m - pos_per_row
+    neg_per_col = n - np.bincount(pos_cols, minlength=m)
+    var_fp = _cluster_variance(by_unit(neg_row), by_unit(neg_per_row), num_neg) + _cluster_variance(
+        neg_col.astype(np.float64), neg_per_col, num_neg
+    )
+    all_ge = _ge_counts(curve_hist)
+    pos_ge = _ge_counts(np.bincount(np.searchsorted(curve_asc, pos_scores, side="right"), minlength=len(curve_asc) + 1))
+    return ScoreRates(
+        thresholds=grid,
+        tp=tp.astype(np.int64),
+        fp=fp.astype(np.int64),
+        deff_tp=_design_effect(var_tp, tp, num_pos),
+        deff_fp=_design_effect(var_fp, fp, num_neg),
+        num_positives=num_pos,
+        num_negatives=num_neg,
+        num_queries=n,
+        num_documents=m,
+        curve_thresholds=curve_asc[::-1].copy(),
+        curve_tp=pos_ge[::-1].copy(),
+        curve_fp=(all_ge - pos_ge)[::-1].copy(),
+    )
+
+
+def precision_at_size(tpr, fpr, gallery_size: float, relevant_per_query: float) -> np.ndarray:
+    """Eq. (1): the precision of "s >= t" for queries with ``r`` relevant items among ``M`` (NaN where nothing
+    is returned)."""
+    r, m = float(relevant_per_query), float(gallery_size)
+    hits = r * np.asarray(tpr, np.float64)
+    false = max(m - r, 0.0) * np.asarray(fpr, np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(hits + false > 0, hits / (hits + false), np.nan)
+
+
+def _level_key(p: float) -> str:
+    return f"{float(p):g}"
+
+
+def _estimate(rates: ScoreRates, p: float, gallery_size: float, r: float) -> dict | None:
+    """The point estimate (today's threshold at the validation size): the lowest curve threshold whose eq. (1)
+    precision from the observed rates reaches p."""
+    tpr = rates.curve_tp / rates.num_positives
+    fpr = rates.curve_fp / max(rates.num_negatives, 1)
+    prec = precision_at_size(tpr, fpr, gallery_size, r)
+    ok = np.flatnonzero(np.nan_to_num(prec, nan=0.0) >= p)
+    if len(ok) == 0:
+        return None
+    k = ok[-1]
+    return {"threshold": float(rates.curve_thresholds[k]), "precision": float(prec[k]), "recall": float(tpr[k])}
+
+
+def guaranteed_thresholds(
+    rates: ScoreRates,
+    levels=(0.5, 0.8, 0.9),
+    delta: float = DEFAULT_DELTA,
+    gallery_size: int | None = None,
+    relevant_per_query: float | None = None,
+) -> dict:
+    """Guaranteed and estimated thresholds for each precision level on a gallery of ``gallery_size`` items.
+
+    ``gallery_size`` defaults to the calibration split's, ``relevant_per_query`` to the one measured there.
+    Returns the manifest block: ``method``, ``delta``, ``gallery_size``, ``relevant_per_query`` (+ ``_source``),
+    the calibration sizes, ``threshold_at_precision`` (guaranteed; None where refused), ``levels`` (per level:
+    ``threshold``, ``precision_lower_bound``, ``recall_lower_bound``, ``recall_estimate`` or ``refused`` with
+    the reason) and ``estimated`` (the point estimate's ``threshold_at_precision`` and per-level entries).
+    """
+    if not 0.0 < float(delta) < 1.0:
+        raise ValueError(f"delta must be in (0, 1), got {delta}")
+    m = rates.num_documents if gallery_size is None else int(gallery_size)
+    if m < 1:
+        raise ValueError(f"gallery_size must be at least 1, got {gallery_size}")
+    r_source = "validation" if relevant_per_query is None else "given"
+    r = rates.relevant_per_query if relevant_per_query is None else float(relevant_per_query)
+    if not 0.0 < r <= m:
+        raise ValueError(f"relevant_per_query must be in (0, gallery_size], got {r}")
+    g = len(rates.thresholds)
+    alpha = float(delta) / (2 * g)
+    n_tp = rates.num_positives / rates.deff_tp
+    n_fp = rates.num_negatives / rates.deff_fp
+    tpr_lo = clopper_pearson(rates.tp / rates.deff_tp, n_tp, alpha, upper=False)
+    fpr_hi = clopper_pearson(rates.fp / rates.deff_fp, n_fp, alpha, upper=True)
+    prec_lo = np.nan_to_num(precision_at_size(tpr_lo, fpr_hi, m, r), nan=0.0)
+    out_levels, flat, est_levels, est_flat = {}, {}, {}, {}
+    for p in sorted(float(v) for v in levels):
+        if not 0.0 < p < 1.0:
+            raise ValueError(f"precision levels must be in (0, 1), got {p}")
+        key = _level_key(p)
+        ok = np.flatnonzero(prec_lo >= p)
+        if len(ok):
+            k = ok[-1]  # thresholds descend: the last certified one has the largest recall
+            out_levels[key] = {
+                "threshold": float(rates.thresholds[k]),
+                "precision_lower_bound": float(prec_lo[k]),
+                "recall_lower_bound": float(tpr_lo[k]),
+                "recall_estimate": float(rates.tp[k] / rates.num_positives),
+            }
+            flat[key] = float(rates.thresholds[k])
+        else:
+            best = int(np.argmax(prec_lo))
+            out_levels[key] = {
+                "threshold": None,
+                "refused": (
+                    f"the calibration data ({rates.num_queries} queries x {rates.num_documents} images) cannot "
+                    f"certify precision {p:g} at confidence {1 - delta:g} on a gallery of {m:,} items: the highest "
+                    f"certified precision is {prec_lo[best]:.3f} (at threshold {float(rates.thresholds[best]):.4f}); "
+                    "calibrate on more labelled queries or serve a lower level"
+                ),
+                "best_precision_lower_bound": float(prec_lo[best]),
+            }
+            flat[key] = None
+        est = _estimate(rates, p, m, r)
+        est_levels[key], est_flat[key] = est, (None if est is None else est["threshold"])
+    return {
+        "method": METHOD,
+        "delta": float(delta),
+        "confidence": 1.0 - float(delta),
+        "gallery_size": m,
+        "relevant_per_query": r,
+        "relevant_per_query_source": r_source,
+        "num_calibration_queries": rates.num_queries,
+        "num_calibration_images": rates.num_documents,
+        "num_candidates": g,
+        "threshold_at_precision": flat,
+        "levels": out_levels,
+        "estimated": {"threshold_at_precision": est_flat, "levels": est_levels},
+    }
