@@ -186,8 +186,8 @@ def query_modes(manifest: dict) -> tuple[list[tuple[str, dict]], dict, list[str]
     else:
         chosen.update(precision=float(level), threshold=thresholds[level])
         modes += [
-            ("threshold", {"precision": float(level)}),
-            ("threshold, exact", {"precision": float(level), "exact": True}),
+            ("threshold", {"precision": float(level), "guarantee": False}),
+            ("threshold, exact", {"precision": float(level), "exact": True, "guarantee": False}),
         ]
     pmap = calibrated.get("probability")
     if pmap is None:

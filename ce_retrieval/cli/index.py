@@ -6,8 +6,11 @@ next to an export (:func:`ce_retrieval.serving.index.build_index`, or with ``--s
 file names become ids) or a TFRecord file pattern; the images are embedded here with the exported image encoder.
 ``--embeddings`` is the output folder of the Beam embedding pipeline (``ce_retrieval.serving.pipeline``), which
 embedded a large gallery already; it is refused unless its model fingerprint is this export version's.
-Thresholds come from ``--thresholds_json`` or are calibrated on ``--calibration_split``; with a calibration split
-the score -> P(relevant) map (``ce_retrieval.evaluation.probability``) is fitted on it too and stored beside them.
+With ``--calibration_split`` the export is calibrated on that split (``evaluation.split_calibration``): for each
+level of ``--precision_levels`` a threshold guaranteed with confidence 1 - ``--delta`` for *this* gallery's size,
+the point estimate beside it, and the score -> P(relevant) map at the gallery's base rate. ``--thresholds_json``
+takes thresholds from a file instead: an evaluation report's calibration (recomputed for this gallery), or bare
+``threshold_at_precision`` (served as estimates only, without a guarantee).
 """
 
 from __future__ import annotations
@@ -80,6 +83,23 @@ def add_arguments(parser) -> None:
         "--thresholds_json",
         default=None,
         help="JSON file with threshold_at_precision (e.g. an evaluation report) instead of calibrating",
+    )
+    parser.add_argument(
+        "--delta",
+        type=float,
+        default=None,
+        help="promises hold with confidence 1 - delta (default: the export config's evaluation.delta, 0.1)",
+    )
+    parser.add_argument(
+        "--precision_levels",
+        default=None,
+        help="comma-separated precisions to offer (default: the export config's evaluation.precision_levels)",
+    )
+    parser.add_argument(
+        "--relevant_per_query",
+        type=float,
+        default=None,
+        help="relevant gallery items per query on the served gallery (default: as measured on the calibration split)",
     )
     parser.add_argument(
         "--distractors", type=int, default=0, help="add N synthetic distractor images (ids -1, -2, ...)"
@@ -156,17 +176,11 @@ def run(args) -> int:
         ids = np.concatenate([np.asarray(ids, dtype=np.int64), -np.arange(1, len(extra) + 1)])
         info["distractors"] = len(extra)
 
-    thresholds, queries, probability = None, None, None
+    thresholds, queries, calibration = None, None, None
     if args.thresholds_json:
-        with open(args.thresholds_json, encoding="utf-8") as f:
-            report = json.load(f)
-        thresholds = report.get("threshold_at_precision") or report.get("calibration", {}).get("threshold_at_precision")
-        if thresholds is None:
-            raise SystemExit(f"error: {args.thresholds_json} has no threshold_at_precision")
+        thresholds, calibration = _thresholds_file(args.thresholds_json)
     if args.calibration_split:
         from ce_retrieval.data import load_retrieval_split
-        from ce_retrieval.evaluation.calibration import global_pr_auc
-        from ce_retrieval.evaluation.probability import fit_probability_map
 
         if image_fn is None:
             _, image_fn = load_signature(image_dir)
@@ -174,9 +188,8 @@ def run(args) -> int:
         cal = load_retrieval_split(data_config_of(meta), args.calibration_split)
         queries = _embed_batches(text_fn, TEXT_INPUT, list(cal.captions), args.batch_size)
         cal_docs = _embed_batches(image_fn, IMAGE_INPUT, list(cal.images), args.batch_size)
-        if thresholds is None:
-            thresholds = global_pr_auc(queries, cal_docs, cal.caption_ids, cal.image_ids)["threshold_at_precision"]
-        probability = fit_probability_map(queries, cal_docs, cal.caption_ids, cal.image_ids).to_json()
+        if thresholds is None and calibration is None:
+            calibration = _calibrate(args, meta, queries, cal_docs, cal, {"split": args.calibration_split})
         info["calibration_split"] = args.calibration_split
     params = IndexParams(num_leaves=args.num_leaves, leaves_to_search=args.leaves_to_search)
     common = dict(
@@ -187,7 +200,7 @@ def run(args) -> int:
         params=params,
         overwrite=args.overwrite,
         gallery_info=info,
-        probability=probability,
+        calibration=calibration,
     )
     if args.shards > 1:
         manifest = build_sharded_index(
@@ -205,5 +218,78 @@ def run(args) -> int:
         f"index version {version}: {manifest['num_items']} items, {layout_text}, "
         f"recall@10 {ann['recall_at_10']:.4f} (target {ann['target']}), built in {manifest['build_seconds']} s"
     )
-    print(f"thresholds (score at precision): {manifest['thresholds']['threshold_at_precision']}")
+    print(describe_thresholds(manifest["thresholds"]))
     return 0 if ok else 1
+
+
+def _promise_settings(args, meta: dict) -> tuple[tuple, float]:
+    """(levels, delta): the command line's, else the export config's ``evaluation`` block, else the defaults."""
+    from ce_retrieval.evaluation.guarantee import DEFAULT_DELTA
+    from ce_retrieval.evaluation.split_calibration import DEFAULT_LEVELS
+
+    evaluation = (((meta.get("metadata") or {}).get("config") or {}).get("evaluation")) or {}
+    levels = (
+        tuple(float(v) for v in args.precision_levels.split(","))
+        if args.precision_levels
+        else tuple(evaluation.get("precision_levels") or DEFAULT_LEVELS)
+    )
+    delta = args.delta if args.delta is not None else float(evaluation.get("delta", DEFAULT_DELTA))
+    return levels, delta
+
+
+def _calibrate(args, meta, queries, docs, split, source):
+    from ce_retrieval.evaluation.split_calibration import calibrate_split
+
+    levels, delta = _promise_settings(args, meta)
+    try:
+        return calibrate_split(
+            queries,
+            docs,
+            split.caption_ids,
+            split.image_ids,
+            levels=levels,
+            delta=delta,
+            relevant_per_query=args.relevant_per_query,
+            source=source,
+        )
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
+
+
+def _thresholds_file(path: str):
+    """(thresholds, None) for bare thresholds, (None, Calibration) for a file carrying a calibration."""
+    from ce_retrieval.evaluation.split_calibration import Calibration
+
+    with open(path, encoding="utf-8") as f:
+        report = json.load(f)
+    block = report.get("calibration") if isinstance(report.get("calibration"), dict) else {}
+    stored = report.get("split_calibration") or block.get("split_calibration")
+    if stored:
+        return None, Calibration.from_json(stored)
+    thresholds = report.get("threshold_at_precision") or block.get("threshold_at_precision")
+    if thresholds is None:
+        raise SystemExit(f"error: {path} has no threshold_at_precision")
+    return thresholds, None
+
+
+def describe_thresholds(block: dict) -> str:
+    """One line per offered precision: the guaranteed threshold (or why it is refused) and the estimate."""
+    estimated = block.get("threshold_at_precision") or {}
+    promise = block.get("guaranteed")
+    if promise is None:
+        return f"thresholds (estimated only, no guarantee): {estimated}"
+    lines = [
+        f"thresholds for a gallery of {promise['gallery_size']:,} items, guaranteed with confidence "
+        f"{promise['confidence']:g} ({promise['num_calibration_queries']:,} calibration queries):"
+    ]
+    for level, entry in promise["levels"].items():
+        est = estimated.get(level)
+        est_text = "none" if est is None else f"{est:.4f}"
+        if entry.get("threshold") is None:
+            lines.append(f"  precision {level}: refused ({entry['refused']}); estimate {est_text}")
+        else:
+            lines.append(
+                f"  precision {level}: {entry['threshold']:.4f} (precision >= {entry['precision_lower_bound']:.3f}, "
+                f"recall >= {entry['recall_lower_bound']:.3f}); estimate {est_text}"
+            )
+    return "\n".join(lines)

@@ -114,6 +114,15 @@ class EvalConfig:
     monitor_mode: str = "max"
     distractors: int = 0  # extra gallery images relevant to nothing (paper Table 1, right half)
     batch_size: int = 128
+    # Promised precisions: each served with a threshold guaranteed with confidence 1 - delta (evaluation.guarantee)
+    precision_levels: tuple = (0.5, 0.8, 0.9)
+    delta: float = 0.1
+
+    def __post_init__(self):
+        if not 0.0 < float(self.delta) < 1.0:
+            raise ValueError(f"evaluation.delta must be in (0, 1), got {self.delta}")
+        if not self.precision_levels or any(not 0.0 < float(p) < 1.0 for p in self.precision_levels):
+            raise ValueError(f"evaluation.precision_levels must be in (0, 1), got {self.precision_levels}")
 
 
 @dataclasses.dataclass

@@ -5,7 +5,8 @@ version (unit vectors, score s(q, x) = q.x):
 
     manifest.json   model binding (fingerprint, dimension, normalisation, logit scale), ids checksum, index
                     kind and parameters, build time, ANN recall@10 vs exact search measured at build time,
-                    calibrated thresholds (score at which global precision reaches 0.5 / 0.8 / 0.9)
+                    calibrated thresholds for this gallery's size: guaranteed (precision >= p with confidence
+                    1 - delta) and estimated, with the calibration they came from (``split_calibration``)
     embeddings.npy  float32 [n, d] in leaf order;  ids.npy  int64 [n] (gallery id of each row); the manifest
                     holds the SHA-256 of both arrays
     partitions.npz  k-means ball partitions, finer than ScaNN's leaves, for exact threshold search and the
@@ -87,6 +88,18 @@ def normalize_thresholds(thresholds) -> dict[str, float] | None:
             continue  # precision level never reached on the calibration split
         out[format(float(key), "g")] = float(value)
     return out
+
+
+def thresholds_block(gallery_size: int, thresholds=None, probability=None, calibration=None) -> dict:
+    """The manifest's ``thresholds``: from a :class:`~ce_retrieval.evaluation.split_calibration.Calibration`,
+    recomputed for this gallery's size (guaranteed and estimated thresholds, the probability map at the served
+    base rate, the calibration itself); without one, the given ``thresholds`` and ``probability`` as they are,
+    with no guarantee (``guaranteed`` None: precision queries must then ask for the estimate)."""
+    if calibration is not None:
+        if thresholds is not None or probability is not None:
+            raise ValueError("give a calibration or thresholds/probability, not both")
+        return calibration.for_gallery(gallery_size)
+    return {"threshold_at_precision": normalize_thresholds(thresholds), "probability": probability, "guaranteed": None}
 
 
 def recall_at_10(searcher_rows: np.ndarray, exact_rows: np.ndarray) -> float:
@@ -260,6 +273,7 @@ def write_index_folder(
     seed: int = 0,
     target_set_recall: float = TARGET_SET_RECALL,
     probability: dict | None = None,
+    calibration=None,
 ) -> dict:
     """Writes one index folder (format ``ce_retrieval.index/1``) into the existing, empty ``folder`` and returns
     its manifest. ``meta`` is the image encoder's export metadata. The folder is loaded back with
@@ -268,6 +282,7 @@ def write_index_folder(
     start = time.time()
     x, ids = check_gallery(embeddings, ids, meta["embedding_dim"], version)
     n = len(x)
+    thresholds_out = thresholds_block(n, thresholds, probability, calibration)
     kind = "brute_force" if n < brute_force_below else "scann"
     p = default_params(n, params)
     if kind == "scann":
@@ -293,7 +308,7 @@ def write_index_folder(
         }
         params_out = dataclasses.asdict(p)
         threshold_info = _tune_threshold_search(
-            searcher, x, partitions, params_out, q, source, normalize_thresholds(thresholds), target_set_recall
+            searcher, x, partitions, params_out, q, source, thresholds_out["threshold_at_precision"], target_set_recall
         )
     else:
         threshold_info = {"method": "exact: brute force", "default": "exact", "file": None}
@@ -334,7 +349,7 @@ def write_index_folder(
         "params": params_out,
         "threshold_search": threshold_info,
         "ann": recall_info,
-        "thresholds": {"threshold_at_precision": normalize_thresholds(thresholds), "probability": probability},
+        "thresholds": thresholds_out,
         "gallery": gallery_info or {},
     }
     layout.write_json(os.path.join(folder, layout.INDEX_MANIFEST), manifest)
@@ -358,6 +373,7 @@ def build_index(
     seed: int = 0,
     target_set_recall: float = TARGET_SET_RECALL,
     probability: dict | None = None,
+    calibration=None,
 ) -> dict:
     """Builds and publishes ``<export_dir>/index/<version>/`` for gallery ``embeddings`` [n, d] with ``ids`` [n].
 
@@ -366,8 +382,9 @@ def build_index(
     ``threshold_at_precision``). ``queries`` (unit vectors, e.g. validation caption embeddings) are used to
     measure ANN recall@10 and the approximate threshold search's set recall (target ``target_set_recall``); by
     default a sample of the gallery. ``probability``: a score -> P(relevant) map fitted on the calibration split
-    (``evaluation.probability.fit_probability_map(...).to_json()``), stored beside the thresholds. Returns the
-    manifest.
+    (``evaluation.probability.fit_probability_map(...).to_json()``), stored beside the thresholds.
+    ``calibration`` (``evaluation.split_calibration.calibrate_split(...)``) replaces both: the thresholds are then
+    derived for this gallery's size, with the guarantee beside the estimate. Returns the manifest.
     """
     export_dir = os.path.abspath(export_dir)
     version, meta = resolve_version(export_dir, version)
@@ -391,4 +408,5 @@ def build_index(
             seed=seed,
             target_set_recall=target_set_recall,
             probability=probability,
+            calibration=calibration,
         )

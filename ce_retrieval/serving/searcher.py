@@ -7,8 +7,12 @@ encoder SavedModel and the index, and refuses to pair them unless the index was 
 Two questions, as in the paper:
   * top-k relevancy      ``search(texts, k=10)``            the k images with the largest s(q, x) = q.x;
   * threshold relevancy  ``search(texts, threshold=tau)``   every image with s(q, x) >= tau, exactly;
-                         ``search(texts, precision=0.9)``   tau = the score at which precision reached 0.9 on
-                                                            the calibration split (stored in the manifest).
+                         ``search(texts, precision=0.9)``   tau = the guaranteed threshold for precision 0.9 on
+                                                            this gallery: precision >= 0.9 on new queries with
+                                                            the manifest's confidence 1 - delta
+                                                            (``evaluation.guarantee``); a level the calibration
+                                                            cannot certify raises :class:`PromiseRefused` with
+                                                            the reason. ``guarantee=False``: the point estimate.
                          ``search(texts, min_probability=0.9)``  every image whose P(relevant | score) >= 0.9
                                                             (the manifest's isotonic map, fitted on validation).
 Threshold queries use the index's default search (approximate where its build measured the set recall, see
@@ -39,6 +43,11 @@ from ce_retrieval.serving.sharded_index import load_index
 from ce_retrieval.serving.wire import ShardCoverage
 
 PROBE_ATOL = 1e-4
+
+
+class PromiseRefused(ValueError):
+    """A precision this index cannot promise (its calibration does not certify the level, or it has no
+    guaranteed thresholds at all); the message says why and what to do."""
 
 
 @dataclasses.dataclass
@@ -99,9 +108,13 @@ class Searcher:
     def __init__(self, export_dir: str, version: int, text_signature, metadata: dict, index):
         self.export_dir, self.version = export_dir, version
         self._text_fn, self.metadata, self.index = text_signature, metadata, index
-        raw = (index.manifest.get("thresholds") or {}).get("threshold_at_precision") or {}
-        self.thresholds = {float(p): float(t) for p, t in raw.items()}
-        pmap = (index.manifest.get("thresholds") or {}).get("probability")
+        block = index.manifest.get("thresholds") or {}
+        raw = block.get("threshold_at_precision") or {}
+        self.thresholds = {float(p): float(t) for p, t in raw.items() if t is not None}  # estimated
+        self.guarantee = block.get("guaranteed")  # None: an index without guaranteed thresholds
+        offered = (self.guarantee or {}).get("threshold_at_precision") or {}
+        self.guaranteed_thresholds = {float(p): (None if t is None else float(t)) for p, t in offered.items()}
+        pmap = block.get("probability")
         self.probability_map = None if pmap is None else ProbabilityMap.from_json(pmap)
 
     @classmethod
@@ -148,8 +161,34 @@ class Searcher:
         ]
         return np.concatenate(out, axis=0) if out else np.zeros((0, self.index.dim), np.float32)
 
-    def threshold_for_precision(self, precision: float) -> float:
+    @property
+    def offered_precisions(self) -> list[float]:
+        """The precision levels this index was calibrated for (guaranteed or refused, and estimated)."""
+        return sorted(set(self.thresholds) | set(self.guaranteed_thresholds))
+
+    def threshold_for_precision(self, precision: float, guarantee: bool = True) -> float:
+        """The threshold for ``precision``: guaranteed (default) or the point estimate (``guarantee=False``).
+        ValueError for a level the index was not calibrated for; :class:`PromiseRefused` when it cannot
+        guarantee the level."""
         key = float(precision)
+        if guarantee:
+            if self.guarantee is None:
+                raise PromiseRefused(
+                    "this index carries no guaranteed thresholds (built without a calibration split, or from "
+                    "thresholds alone): rebuild it with --calibration_split or run `ce-retrieval calibrate`, or ask "
+                    "for the estimate (guarantee false)"
+                )
+            if key not in self.guaranteed_thresholds:
+                offered = ", ".join(format(p, "g") for p in sorted(self.guaranteed_thresholds)) or "none"
+                raise ValueError(f"no calibrated threshold for precision {precision:g}; available: {offered}")
+            tau = self.guaranteed_thresholds[key]
+            if tau is None:
+                level = (self.guarantee.get("levels") or {}).get(format(key, "g")) or {}
+                raise PromiseRefused(
+                    f"precision {precision:g} is not guaranteed: "
+                    + level.get("refused", "the calibration data cannot certify it")
+                )
+            return tau
         if key not in self.thresholds:
             available = (
                 ", ".join(format(p, "g") for p in sorted(self.thresholds)) or "none (index built without calibration)"
@@ -187,10 +226,12 @@ class Searcher:
         min_probability: float | None = None,
         limit: int | None = None,
         exact: bool = False,
+        guarantee: bool = True,
     ) -> list[QueryResult]:
         """One :class:`QueryResult` per text: top ``k``, or every item with score >= ``threshold`` (or the
-        calibrated threshold for ``precision``, or the lowest score of probability ``min_probability``). ``limit``
-        caps threshold results (best first; ``truncated``); ``exact`` asks for the exact threshold search."""
+        guaranteed threshold for ``precision``, its estimate with ``guarantee=False``, or the lowest score of
+        probability ``min_probability``). ``limit`` caps threshold results (best first; ``truncated``); ``exact``
+        asks for the exact threshold search."""
         if sum(x is not None for x in (k, threshold, precision, min_probability)) != 1:
             raise ValueError("give exactly one of k, threshold, precision or min_probability")
         return self.search_embeddings(
@@ -201,6 +242,7 @@ class Searcher:
             min_probability=min_probability,
             limit=limit,
             exact=exact,
+            guarantee=guarantee,
         )
 
     def search_embeddings(
@@ -213,9 +255,10 @@ class Searcher:
         min_probability: float | None = None,
         limit: int | None = None,
         exact: bool = False,
+        guarantee: bool = True,
     ) -> list[QueryResult]:
         if precision is not None:
-            threshold = self.threshold_for_precision(precision)
+            threshold = self.threshold_for_precision(precision, guarantee)
         if min_probability is not None:
             threshold = self.threshold_for_probability(min_probability)
         remote = hasattr(self.index, "search_topk")  # remote shards report which of them answered

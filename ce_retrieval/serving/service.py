@@ -2,7 +2,12 @@
 
     POST /search   {"texts": ["a dog on a beach"], "k": 10}          top-k images per text
                    {"texts": [...], "threshold": 0.62}               every image with cosine score >= 0.62
-                   {"texts": [...], "precision": 0.9}                threshold calibrated for precision 0.9
+                   {"texts": [...], "precision": 0.9}                the guaranteed threshold for precision 0.9:
+                                                                     precision >= 0.9 on new queries with the
+                                                                     index's confidence 1 - delta; a level its
+                                                                     calibration cannot certify is refused (422,
+                                                                     "refused": true, with the reason);
+                                                                     "guarantee": false serves the point estimate
                    {"texts": [...], "min_probability": 0.9}          every image with P(relevant | score) >= 0.9
                    optional "limit": cap on threshold hits per text (best first, "truncated": true if cut)
                    optional "exact": true: exact threshold search (default: the index's, approximate where its
@@ -47,7 +52,7 @@ from ce_retrieval.serving.http_app import (
 )
 from ce_retrieval.serving.metrics import Metrics
 from ce_retrieval.serving.router import ShardRouter
-from ce_retrieval.serving.searcher import Searcher
+from ce_retrieval.serving.searcher import PromiseRefused, Searcher
 from ce_retrieval.serving.wire import ShardsUnavailableError
 
 if TYPE_CHECKING:
@@ -56,7 +61,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("ce_retrieval.serving")
 # RequestError and serve_in_thread live in http_app.py (shared with the shard server); importable from here too
 __all__ = ["RequestError", "SearcherHolder", "create_app", "serve_in_thread"]
-SEARCH_FIELDS = {"texts", "k", "threshold", "precision", "min_probability", "limit", "exact"}
+SEARCH_FIELDS = {"texts", "k", "threshold", "precision", "min_probability", "limit", "exact", "guarantee"}
 MODES = ("k", "threshold", "precision", "min_probability")
 
 
@@ -128,7 +133,12 @@ def _parse_search(body: bytes, searcher, limits: dict) -> dict:
             raise RequestError(422, f"'{name}' must be a finite number")
         return v
 
-    out = {"texts": texts, "limit": limits["max_results"], "exact": _exact_flag(req, mode)}
+    guarantee = req.get("guarantee", True)
+    if not isinstance(guarantee, bool):
+        raise RequestError(422, "'guarantee' must be true or false")
+    if "guarantee" in req and mode != "precision":
+        raise RequestError(422, "'guarantee' applies to precision queries")
+    out = {"texts": texts, "limit": limits["max_results"], "exact": _exact_flag(req, mode), "guarantee": guarantee}
     out.update(dict.fromkeys(MODES))
     if mode == "k":
         if isinstance(value, bool) or not isinstance(value, int):
@@ -143,9 +153,12 @@ def _parse_search(body: bytes, searcher, limits: dict) -> dict:
         out["threshold"] = value
     elif mode == "precision":
         value = float(number("precision", value))
-        if value not in searcher.thresholds:
-            levels = ", ".join(format(p, "g") for p in sorted(searcher.thresholds)) or "none"
-            raise RequestError(422, f"no calibrated threshold for precision {value:g}; available: {levels}")
+        try:
+            searcher.threshold_for_precision(value, guarantee)
+        except PromiseRefused as exc:
+            raise RequestError(422, str(exc), refused=True, precision=value) from None
+        except ValueError as exc:
+            raise RequestError(422, str(exc)) from None
         out["precision"] = value
     else:
         out["min_probability"] = _min_probability(float(number("min_probability", value)), searcher)
@@ -292,6 +305,7 @@ def _add_search_route(
                     min_probability=req["min_probability"],
                     limit=req["limit"],
                     exact=req["exact"],
+                    guarantee=req["guarantee"],
                 )
 
         try:
@@ -325,9 +339,12 @@ def _search_payload(req: dict, searcher, results: list, took_ms: float, metrics:
         return payload
     if req["precision"] is not None:
         payload["threshold"], payload["precision"] = (
-            searcher.threshold_for_precision(req["precision"]),
+            searcher.threshold_for_precision(req["precision"], req["guarantee"]),
             req["precision"],
         )
+        payload["guarantee"] = req["guarantee"]
+        if req["guarantee"]:
+            payload["confidence"] = searcher.guarantee["confidence"]
     elif req["min_probability"] is not None:
         payload["threshold"] = searcher.threshold_for_probability(req["min_probability"])
         payload["min_probability"] = req["min_probability"]
@@ -353,7 +370,9 @@ def _health_body(holder: SearcherHolder, router: ShardRouter | None) -> tuple[di
         "gallery_size": len(s.index),
         "index": s.index.manifest.get("kind") or "sharded",
         "embedding_dim": s.index.dim,
-        "calibrated_precisions": sorted(s.thresholds),
+        "calibrated_precisions": s.offered_precisions,
+        "guaranteed_precisions": {format(p, "g"): t for p, t in sorted(s.guaranteed_thresholds.items())},
+        "confidence": None if s.guarantee is None else s.guarantee["confidence"],
         "last_error": holder.last_error,
     }
     num_shards = s.num_shards

@@ -61,6 +61,7 @@ from ce_retrieval.serving.index import (
     normalize_thresholds,
     recall_at_10,
     resolve_version,
+    thresholds_block,
     write_index_folder,
 )
 from ce_retrieval.serving.merge import merge_threshold, merge_topk
@@ -109,6 +110,7 @@ def _build_shard(task: dict) -> dict:
             gallery_info=task["gallery_info"],
             seed=task["seed"],
             probability=task["probability"],
+            calibration=task["calibration"],
         )
 
 
@@ -190,13 +192,15 @@ def build_sharded_index(
     gallery_info: dict | None = None,
     seed: int = 0,
     probability: dict | None = None,
+    calibration=None,
 ) -> dict:
     """Builds and publishes a sharded ``<export_dir>/index/<version>/`` of ``num_shards`` shards; returns the
     top-level manifest.
 
     Arguments as for :func:`ce_retrieval.serving.index.build_index`; each shard is an ordinary index of its own
     items (ScaNN when it holds at least ``brute_force_below`` of them, tuned for ``target_recall`` on the same
-    ``queries``), carrying the same thresholds. ``workers`` processes build shards in parallel (default
+    ``queries``), carrying the same thresholds (from a ``calibration``: derived for the shard's own size, and the
+    top-level manifest's for the whole gallery). ``workers`` processes build shards in parallel (default
     ``min(num_shards, os.cpu_count())``, or 1 when every shard is below ``brute_force_below``; 1 builds them one
     after another in this process). The merged top-10 is measured against exact search over the whole gallery
     and recorded under ``ann``.
@@ -208,6 +212,7 @@ def build_sharded_index(
     assignment, counts = _assign(ids, num_shards)
     num_shards = len(counts)
     workers = _worker_count(workers, num_shards, int(counts.max()) >= brute_force_below)
+    thresholds_out = thresholds_block(len(x), thresholds, probability, calibration)  # the whole gallery's size
     thresholds = normalize_thresholds(thresholds)
     final = layout.version_dir(export_dir, layout.INDEX, version)
     if os.path.exists(final) and not overwrite:
@@ -225,6 +230,7 @@ def build_sharded_index(
             "params": params,
             "seed": seed,
             "probability": probability,
+            "calibration": calibration,
             "blas_threads": None if workers == 1 else max(1, (os.cpu_count() or 1) // workers),
         }
         tasks = _write_shard_inputs(tmp, inputs, x, ids, assignment, num_shards, queries, gallery_info, common)
@@ -244,7 +250,7 @@ def build_sharded_index(
             "brute_force_below": brute_force_below,
             "workers": workers,
             "threshold_search": _threshold_search_block([built[task["name"]] for task in tasks]),
-            "thresholds": {"threshold_at_precision": thresholds, "probability": probability},
+            "thresholds": thresholds_out,
             "gallery": gallery_info or {},
         }
         shards = [GalleryIndex.load(task["folder"], expected_model=meta, mmap=True) for task in tasks]

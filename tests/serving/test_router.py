@@ -139,7 +139,7 @@ def test_router_matches_the_single_index(cluster, router, single):
             assert body["partial"] is False and body["k"] == k
             assert body["shards"] == {"answered": [0, 1, 2], "missing": {}, "total": 3}
             _assert_same(body["results"], single.search(texts, k=k))
-        for query in ({"threshold": 0.3}, {"precision": 0.8}, {"threshold": -1.0, "limit": 10}):
+        for query in ({"threshold": 0.3}, {"precision": 0.8, "guarantee": False}, {"threshold": -1.0, "limit": 10}):
             r = c.post("/search", json={"texts": texts, **query})
             assert r.status_code == 200 and r.json()["partial"] is False, r.text
             _assert_same(r.json()["results"], single.search(texts, **{"limit": 1000, **query}))
@@ -224,8 +224,8 @@ def test_in_process_sharded_searcher_equals_the_single_index(cluster, single):
         for g, w in zip(got, single.search(texts, k=k), strict=True):
             assert g.ids.tolist() == w.ids.tolist()
             np.testing.assert_allclose(g.scores, w.scores, atol=1e-6)
-    got = sharded.search(texts, precision=0.5, limit=20)
-    for g, w in zip(got, single.search(texts, precision=0.5, limit=20), strict=True):
+    got = sharded.search(texts, precision=0.5, limit=20, guarantee=False)
+    for g, w in zip(got, single.search(texts, precision=0.5, limit=20, guarantee=False), strict=True):
         assert g.ids.tolist() == w.ids.tolist() and g.truncated == w.truncated
     assert got[0].to_json()["partial"] is False and got[0].to_json()["shards_answered"] == [0, 1, 2]
     assert "partial" not in single.search(texts, k=2)[0].to_json()  # unsharded JSON unchanged

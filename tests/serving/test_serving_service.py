@@ -13,7 +13,7 @@ from serving_fixtures import THRESHOLDS, captions, make_towers, png_images
 from ce_retrieval import cli
 from ce_retrieval.serving.export import embed_with_keras, export_encoders
 from ce_retrieval.serving.index import build_index
-from ce_retrieval.serving.searcher import Searcher
+from ce_retrieval.serving.searcher import PromiseRefused, Searcher
 from ce_retrieval.serving.service import create_app, serve_in_thread
 
 
@@ -32,14 +32,16 @@ def test_searcher_matches_brute_force(base_export, capsys):
         top = np.argsort(-row, kind="stable")[:7]
         assert res.ids.tolist() == ids[top].tolist()
         np.testing.assert_allclose(res.scores, row[top], atol=1e-5)
-    for res, row in zip(s.search(texts, precision=0.8), scores, strict=True):  # tau = 0.5, calibrated
+    for res, row in zip(s.search(texts, precision=0.8, guarantee=False), scores, strict=True):  # tau = 0.5, calibrated
         assert sorted(res.ids.tolist()) == sorted(ids[row >= THRESHOLDS["0.8"]].tolist())
         assert all(p is not None and p >= 0.8 for p in res.precision_levels)
     res = s.search(texts[:1], threshold=-1.0, limit=10)[0]
     assert res.truncated and len(res.ids) == 10 and np.all(np.diff(res.scores) <= 0)
     assert s.precision_levels(np.array([0.1, 0.3, 0.6, 0.9])) == [None, 0.5, 0.8, 0.9]
     with pytest.raises(ValueError, match="available: 0.5, 0.8, 0.9"):
-        s.search(texts, precision=0.95)
+        s.search(texts, precision=0.95, guarantee=False)
+    with pytest.raises(PromiseRefused, match="no guaranteed thresholds"):  # built from bare thresholds
+        s.search(texts, precision=0.8)
     with pytest.raises(ValueError, match="texts\\[1\\] is empty"):
         s.search(["ok", "  "], k=3)
     with pytest.raises(ValueError, match="exactly one"):
@@ -71,8 +73,10 @@ def test_service_requests_and_validation(base_export):
         scores = _brute(base_export, texts)
         for res, row in zip(body["results"], scores, strict=True):
             assert [h["id"] for h in res["hits"]] == base_export["ids"][np.argsort(-row, kind="stable")[:3]].tolist()
-        r = c.post("/search", json={"texts": texts, "precision": 0.9})
-        assert r.status_code == 200 and r.json()["threshold"] == THRESHOLDS["0.9"]
+        r = c.post("/search", json={"texts": texts, "precision": 0.9, "guarantee": False})
+        assert r.status_code == 200 and r.json()["threshold"] == THRESHOLDS["0.9"] and not r.json()["guarantee"]
+        r = c.post("/search", json={"texts": texts, "precision": 0.9})  # an index without guaranteed thresholds
+        assert r.status_code == 422 and r.json()["refused"] and "no guaranteed thresholds" in r.json()["error"]
         r = c.post("/search", json={"texts": ["Ünïcode 東京"], "threshold": 0.3, "limit": 5})
         assert r.status_code == 200 and r.json()["results"][0]["num_hits"] <= 5
         assert c.post("/search", json={"texts": texts}).json()["k"] == 10  # default mode: top 10
@@ -89,7 +93,13 @@ def test_service_requests_and_validation(base_export):
             (json.dumps({"texts": ["a"], "k": 51}).encode(), 422, "k out of range"),
             (json.dumps({"texts": ["a"], "k": 2.5}).encode(), 422, "integer"),
             (json.dumps({"texts": ["a"], "threshold": 2}).encode(), 422, "threshold out of range"),
-            (json.dumps({"texts": ["a"], "precision": 0.7}).encode(), 422, "available: 0.5, 0.8, 0.9"),
+            (
+                json.dumps({"texts": ["a"], "precision": 0.7, "guarantee": False}).encode(),
+                422,
+                "available: 0.5, 0.8, 0.9",
+            ),
+            (json.dumps({"texts": ["a"], "precision": 0.9, "guarantee": 1}).encode(), 422, "'guarantee' must be"),
+            (json.dumps({"texts": ["a"], "k": 3, "guarantee": False}).encode(), 422, "applies to precision"),
             (json.dumps({"texts": ["a"], "k": 3, "threshold": 0.5}).encode(), 422, "only one"),
             (json.dumps({"texts": ["a"], "kk": 3}).encode(), 422, "unknown field"),
             (json.dumps({"texts": [3]}).encode(), 422, "must be a string"),
@@ -101,8 +111,8 @@ def test_service_requests_and_validation(base_export):
         assert c.get("/search").status_code == 405
         metrics = c.get("/metrics").text
     assert 'ce_requests_total{path="/search",status="200"} 4' in metrics
-    assert 'ce_requests_total{path="/search",status="422"} 13' in metrics
-    assert 'ce_request_seconds_bucket{path="/search",le="+Inf"} 21' in metrics  # 4 + 16 + the 405
+    assert 'ce_requests_total{path="/search",status="422"} 16' in metrics
+    assert 'ce_request_seconds_bucket{path="/search",le="+Inf"} 24' in metrics  # 4 + 19 + the 405
     assert "ce_served_version 1" in metrics and "ce_gallery_size 300" in metrics
 
 
