@@ -46,6 +46,7 @@ from ce_retrieval.modeling.proxies import (  # noqa: E402
     fixed_centroids,
     proxy_relevance,
 )
+from ce_retrieval.utils.seeding import seed_everything  # noqa: E402
 
 # isort: on
 
@@ -104,7 +105,7 @@ def train_embedding(
     seed: int = 0,
 ) -> tf_keras.Model:
     """Trains and returns the embedding model (``x -> unit-norm embedding``) with ``loss`` on labels ``y``."""
-    tf_keras.utils.set_random_seed(seed)
+    seed_everything(seed, deterministic=False)
     model = _embedding_model(x.shape[1], embedding_dim, hidden, seed)
     classes, y_idx = np.unique(y, return_inverse=True)
     head = _proxy_head(loss, len(classes), embedding_dim, seed) if loss.needs_proxies else None
@@ -165,7 +166,7 @@ def compare_losses(
             x_test / np.linalg.norm(x_test, axis=1, keepdims=True), y_test, ks=ks, seed=seed
         )
     }
-    tf_keras.utils.set_random_seed(seed)
+    seed_everything(seed, deterministic=False)
     untrained = _embedding_model(x.shape[1], embedding_dim, train_kwargs.get("hidden", 64), seed)
     results["untrained"] = labelled_retrieval_metrics(
         untrained(x_test, training=False).numpy(), y_test, ks=ks, seed=seed

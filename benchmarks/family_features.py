@@ -67,6 +67,7 @@ def build_family_features(
     from ce_retrieval import data
     from ce_retrieval.data.families import family_distractors
     from ce_retrieval.data.family_format import read_sidecar
+    from ce_retrieval.utils.seeding import seed_everything
 
     with open(os.path.join(family_dir, "family.json"), encoding="utf-8") as f:
         written = json.load(f)["request"]
@@ -82,6 +83,7 @@ def build_family_features(
     t0 = time.perf_counter()
     os.makedirs(cache_dir, exist_ok=True)
     splits = {s: data.load_retrieval_split(data_cfg, s) for s in ("train", "val", "test")}
+    seed_everything(pc.pretrain_seed)  # before the towers: same seed, same features in every process (#30)
     text, image = _towers(data_cfg, cache_dir, overrides)
     train = splits["train"]
     targets = read_sidecar(family_dir, "train", train.image_ids)["attributes"]

@@ -93,7 +93,9 @@ def train_heads(
     import tensorflow as tf
     import tf_keras
 
-    tf_keras.utils.set_random_seed(seed)
+    from ce_retrieval.utils.seeding import seed_everything
+
+    seed_everything(seed)
     text_x = tf.constant(features["train_text"])
     text_ids = features["train_text_ids"]
     image_index = np.searchsorted(features["train_image_ids"], text_ids)

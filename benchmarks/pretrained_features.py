@@ -80,7 +80,6 @@ def _pretrain(extractor, inputs, targets, fc: FeatureConfig, epochs: int, what: 
     import tensorflow as tf
     import tf_keras
 
-    tf_keras.utils.set_random_seed(fc.pretrain_seed)
     logits = tf_keras.layers.Dense(targets.shape[1], name=f"{what}_attributes")(extractor.output)
     classifier = tf_keras.Model(extractor.input, logits)
     classifier.compile(
@@ -120,8 +119,10 @@ def build_features(fc: FeatureConfig, cache_dir: str, log=print) -> dict:
     from ce_retrieval.data import synthetic, vocab_path_for
     from ce_retrieval.modeling.image_tower import build_image_tower
     from ce_retrieval.modeling.text_tower import build_text_tower
+    from ce_retrieval.utils.seeding import seed_everything
 
     t0 = time.perf_counter()
+    seed_everything(fc.pretrain_seed)  # before the towers: same seed, same features in every process
     cfg = _demo_config(fc)
     splits = {s: synthetic.split_from_config(cfg.data, s) for s in ("train", "val", "test")}
     log(

@@ -21,6 +21,7 @@ import tensorflow as tf
 import tf_keras
 
 from ce_retrieval.data import DataConfig, load_retrieval_split, synthetic, train_pipeline
+from ce_retrieval.utils.seeding import seed_everything
 
 
 def _text_encoder(dim):
@@ -106,7 +107,7 @@ def main() -> None:
         f"their scene; vocabulary {len(per_word)} words; rarest words {[(w, len(per_word[w])) for w in rare]}"
     )
 
-    tf_keras.utils.set_random_seed(0)
+    seed_everything(0, deterministic=False)
     text, image = _text_encoder(64), _image_encoder(64, cfg.image_size)
     test = load_retrieval_split(cfg, "test")
     before = _recall(text, image, test)

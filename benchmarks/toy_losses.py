@@ -32,6 +32,7 @@ import tf_keras  # noqa: E402
 from benchmarks.toy_data import GaussianClasses  # noqa: E402
 from ce_retrieval import losses  # noqa: E402
 from ce_retrieval.losses.margin_softmax import AnnealingStepCallback  # noqa: E402
+from ce_retrieval.utils.seeding import seed_everything  # noqa: E402
 
 # isort: on
 
@@ -81,7 +82,7 @@ def training_batches(
 
 def build_model(config: ToyConfig) -> tuple[tf_keras.Model, tf_keras.Model]:
     """(two-tower training model returning S = cos(q, d) ``[B, B]``, the shared tower alone)."""
-    tf_keras.utils.set_random_seed(config.seed)
+    seed_everything(config.seed, deterministic=False)
     input_dim = config.signal_dim + config.nuisance_dim
     tower = tf_keras.Sequential(
         [

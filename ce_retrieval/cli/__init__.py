@@ -21,7 +21,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import ce_retrieval  # noqa: E402
 
-__all__ = ["COMMANDS", "build_parser", "main"]
+__all__ = ["COMMANDS", "DEFAULT_SEED", "SEEDED_COMMANDS", "build_parser", "main"]
 
 COMMANDS = {
     "demo": ("ce_retrieval.cli.demo", "the main job on the synthetic dataset: train, evaluate, export, index, query"),
@@ -38,6 +38,12 @@ COMMANDS = {
     ),
     "serve-shard": ("ce_retrieval.cli.serve_shard", "serve one shard of a sharded index to a router (`serve`)"),
 }
+# Commands that rebuild a trained model (its layers, then its weights) seed here, from DEFAULT_SEED, before they
+# build a layer. ``train`` and ``demo`` are seeded by ``training.train`` from their config (``train.seed``,
+# ``train.deterministic``), after its distribution strategy, which must split the CPU before TensorFlow starts; the
+# other commands load SavedModels or indexes and build no layer.
+SEEDED_COMMANDS = ("evaluate", "export")
+DEFAULT_SEED = 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,4 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     from ce_retrieval.utils.cuda_probe import probe_devices_quietly
 
     probe_devices_quietly()  # CPU-only machines: drop TensorFlow's cuInit failure line, and only that line
+    if name in SEEDED_COMMANDS:
+        from ce_retrieval.utils.seeding import seed_everything
+
+        seed_everything(DEFAULT_SEED, deterministic=False)  # no promise of bit-identical results to keep
     return int(module.run(args) or 0)

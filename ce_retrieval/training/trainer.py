@@ -26,6 +26,7 @@ from ce_retrieval.tasks import RetrievalTask
 from ce_retrieval.training import distribute
 from ce_retrieval.training.callbacks import ThroughputLogger, WeightsCheckpoint
 from ce_retrieval.utils.atomic import atomic_write_text
+from ce_retrieval.utils.seeding import seed_everything
 
 if TYPE_CHECKING:
     from ce_retrieval.configs.experiment import ExperimentConfig
@@ -60,11 +61,7 @@ def prepare_process(cfg) -> tuple[tf.distribute.Strategy, str]:
     _quiet_known_noise()
     policy = distribute.precision_policy(cfg.train, strategy)
     tf_keras.mixed_precision.set_global_policy(policy)
-    tf_keras.utils.set_random_seed(cfg.train.seed)
-    if cfg.train.deterministic:
-        # Same seed, same weights: ops pick deterministic kernels and tf.data keeps its order (process-wide).
-        tf.config.experimental.enable_op_determinism()
-        tf.random.set_global_generator(tf.random.Generator.from_seed(cfg.train.seed))  # keras-cv draws from it
+    seed_everything(cfg.train.seed, deterministic=cfg.train.deterministic)  # after the strategy: it starts TF
     return strategy, policy
 
 
