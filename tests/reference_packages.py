@@ -19,6 +19,7 @@ REFERENCES = {
     "faiss-cpu": "faiss",
     "tensorflow-similarity": "tensorflow_similarity",
     "scikit-learn": "sklearn",
+    "netcal": "netcal",
 }
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

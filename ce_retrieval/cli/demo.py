@@ -165,11 +165,20 @@ def index_test_gallery(model, test, val, export_dir: str, version: int) -> dict:
         gallery_info={"split": "test"},
         probability=probability,
     )
-    print(
-        f"[demo] index: {manifest.get('num_items', len(gallery_ids))} images, "
-        f"thresholds {manifest.get('thresholds')}, ANN recall@10 {manifest.get('ann_recall_at_10')}"
-    )
+    print(index_line(manifest))
     return manifest
+
+
+def index_line(manifest: dict) -> str:
+    """What the index stage prints: size, the threshold per precision level (not the probability map's knots) and
+    the ANN recall@10 measured at build time (``manifest["ann"]["recall_at_10"]``)."""
+    taus = (manifest.get("thresholds") or {}).get("threshold_at_precision") or {}
+    levels = ", ".join(f"{level} -> {tau:.3f}" for level, tau in sorted(taus.items(), key=lambda kv: float(kv[0])))
+    recall = (manifest.get("ann") or {}).get("recall_at_10")
+    return (
+        f"[demo] index: {manifest.get('num_items')} images ({manifest.get('kind')}), thresholds per precision "
+        f"{{{levels or 'none reached'}}}, ANN recall@10 {'-' if recall is None else f'{recall:.3f}'}"
+    )
 
 
 def query_service(export_dir: str, test, captions: list[str]) -> None:
@@ -246,10 +255,47 @@ def _train_once(cfg, model_dir: str, retrain: bool) -> None:
         print(f"[demo] {model_dir}: already trained (use --retrain to train again)")
 
 
-def _fmt(value, pct: bool = True) -> str:
+def _fmt(value, pct: bool | str = True) -> str:
+    """``pct``: True prints a fraction as a percentage, False with three decimals, "count" as a whole number."""
     if value is None:
         return "-"
+    if pct == "count":
+        return f"{int(value):,}"
     return f"{100 * value:.1f}" if pct else f"{value:.3f}"
+
+
+# (label, summary key, format: True percentage, False three decimals, "count" a whole number)
+SIDE_BY_SIDE_ROWS = [
+    ("global PR-AUC (%)", "pr_auc", True),
+    ("text->image R@1 (%)", "t2i_r1", True),
+    ("text->image R@10 (%)", "t2i_r10", True),
+    ("image->text R@1 (%)", "i2t_r1", True),
+    ("precision at the val threshold for 0.5 (%)", "achieved_precision_0.5", True),
+    ("  recall at that threshold (%)", "achieved_recall_0.5", True),
+    ("precision at the val threshold for 0.8 (%)", "achieved_precision_0.8", True),
+    ("precision at the val threshold for 0.9 (%)", "achieved_precision_0.9", True),
+    ("mean |achieved - promised| (points)", "mean_calibration_error", True),
+    ("relative spread of per-query thresholds", "relative_threshold_spread", False),
+    ("P(relevant | score) map: Brier skill (%)", "probability_brier_skill", True),
+    ("  log-loss skill (%)", "probability_log_loss_skill", True),
+    ("  pairs predicted >= 0.5", "probability_pairs_ge_0.5", "count"),
+    ("    precision observed there (%)", "probability_precision_ge_0.5", True),
+    ("  pairs predicted >= 0.9", "probability_pairs_ge_0.9", "count"),
+    ("    precision observed there (%)", "probability_precision_ge_0.9", True),
+    ("  per-query error where p >= 0.1 (points)", "probability_query_error", True),
+    ("    a calibrated map's (noise floor)", "probability_query_error_floor", True),
+]
+
+
+def side_by_side_lines(reports: dict) -> list[str]:
+    """The side-by-side table: one row per figure of :data:`SIDE_BY_SIDE_ROWS`, one column per run."""
+    names = list(reports)
+    width = max(len(r[0]) for r in SIDE_BY_SIDE_ROWS)
+    lines = ["  " + " " * width + "".join(f"{n:>28s}" for n in names)]
+    for label, key, pct in SIDE_BY_SIDE_ROWS:
+        cells = "".join(f"{_fmt(reports[n]['summary'].get(key), pct):>28s}" for n in names)
+        lines.append("  " + label.ljust(width) + cells)
+    return lines
 
 
 def side_by_side(reports: dict, models: dict, test, eval_dir: str) -> str:
@@ -258,27 +304,8 @@ def side_by_side(reports: dict, models: dict, test, eval_dir: str) -> str:
     from ce_retrieval.evaluation.plots import plot_score_separation, pooled_pair_scores
 
     names = list(reports)
-    rows = [
-        ("global PR-AUC (%)", "pr_auc", True),
-        ("text->image R@1 (%)", "t2i_r1", True),
-        ("text->image R@10 (%)", "t2i_r10", True),
-        ("image->text R@1 (%)", "i2t_r1", True),
-    ]
-    rows += [
-        (f"precision at the val threshold for {p:g} (%)", f"achieved_precision_{p:g}", True) for p in (0.5, 0.8, 0.9)
-    ]
-    rows.insert(5, ("  recall at that threshold (%)", "achieved_recall_0.5", True))
-    rows += [
-        ("mean |achieved - promised| (points)", "mean_calibration_error", True),
-        ("relative spread of per-query thresholds", "relative_threshold_spread", False),
-        ("P(relevant | score) map: ECE (points)", "probability_ece", True),
-        ("  ECE where p >= 0.1 (points)", "probability_ece_top", True),
-    ]
-    width = max(len(r[0]) for r in rows)
-    print("\n[demo] calibration, side by side (test split; thresholds chosen on the validation split):")
-    print("  " + " " * width + "".join(f"{n:>28s}" for n in names))
-    for label, key, pct in rows:
-        print("  " + label.ljust(width) + "".join(f"{_fmt(reports[n]['summary'].get(key), pct):>28s}" for n in names))
+    print("\n[demo] calibration, side by side (test split; thresholds and P(relevant) map fitted on validation):")
+    print("\n".join(side_by_side_lines(reports)))
     for n in names:
         transfer = reports[n]["metrics"].get("transfer") or {}
         levels = transfer.get("levels") or {}

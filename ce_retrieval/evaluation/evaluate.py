@@ -11,8 +11,10 @@
   thresholds for the precisions ``RELIABILITY_LEVELS``,
 * optionally, given thresholds calibrated on another split (``calibration_split``, usually validation), the
   precision each achieves on this split (``transfer``: the promise a shipped threshold makes, checked),
-* with a calibration split, the score -> P(relevant) map fitted there (``probability``) measured here: expected
-  calibration error, overall and per query group, and its reliability diagram,
+* with a calibration split, the score -> P(relevant) map fitted there (``probability``) measured here: its
+  reliability diagram and ECE, the Brier score and log loss (skill, reliability / resolution split), the pairs it
+  predicts >= 0.5 and >= 0.9 with the precision observed there, and the calibration error per query, averaged per
+  query group (by number of relevant images, highest score, caption length),
 
 and, given ``output_dir``, writes ``eval_<split>.json`` (figures, config, git commit, dataset fingerprint,
 run name) and the plots (``pr_curve_<split>.png``, ``score_distribution_<split>.png``,
@@ -35,7 +37,14 @@ import numpy as np
 from ce_retrieval.evaluation.calibration import global_pr_auc
 from ce_retrieval.evaluation.embed import embed_split, embed_strings
 from ce_retrieval.evaluation.opis import operating_point_inconsistency, opis_summary
-from ce_retrieval.evaluation.probability import PROBABILITY_AXES, ProbabilityMap, fit_probability_map, reliability
+from ce_retrieval.evaluation.probability import (
+    CONFIDENT_LEVELS,
+    PROBABILITY_AXES,
+    ProbabilityMap,
+    caption_word_counts,
+    fit_probability_map,
+    reliability,
+)
 from ce_retrieval.evaluation.retrieval import ann_recall_loss, recall_at_k, recall_with_distractors
 from ce_retrieval.evaluation.search import exact_search
 from ce_retrieval.evaluation.transfer import (
@@ -104,6 +113,7 @@ def evaluate_embeddings(
     ann_search_fn=None,
     calibration_thresholds: dict | None = None,
     probability_map: ProbabilityMap | None = None,
+    caption_lengths=None,
 ) -> dict:
     """All metrics from embeddings: ``{"recall", "calibration", "distractors" (or None), "ann" (or None),
     "query_thresholds", "opis", "transfer" (or None), "probability" (or None)}``.
@@ -114,6 +124,9 @@ def evaluate_embeddings(
     ``calibration_thresholds``: ``{precision level: score threshold or None}`` chosen on another split (its
     ``global_pr_auc(...)["threshold_at_precision"]``); ``transfer`` is then ``threshold_transfer`` of them on
     these embeddings.
+
+    ``probability_map``: a score -> P(relevant) map fitted on another split; ``probability`` is then its
+    ``reliability`` here, per query group also by ``caption_lengths`` (words per query) when given.
     """
     calibration = global_pr_auc(query_emb, doc_emb, query_ids, doc_ids, target_precisions=RELIABILITY_LEVELS)
     metrics = {
@@ -128,8 +141,10 @@ def evaluate_embeddings(
         "transfer": None,
         "probability": None,
     }
-    if probability_map is not None:  # fitted on another split: its calibration here (ECE, reliability diagram)
-        metrics["probability"] = reliability(probability_map, query_emb, doc_emb, query_ids, doc_ids)
+    if probability_map is not None:  # fitted on another split: its calibration here
+        metrics["probability"] = reliability(
+            probability_map, query_emb, doc_emb, query_ids, doc_ids, caption_lengths=caption_lengths
+        )
     if calibration_thresholds is not None:
         metrics["transfer"] = threshold_transfer(calibration_thresholds, query_emb, doc_emb, query_ids, doc_ids)
     if distractor_emb is not None:
@@ -145,7 +160,8 @@ def summary(metrics: dict) -> dict:
     """Flat headline figures (fractions): ``pr_auc``, ``average_precision``, ``rsum``, ``t2i_r1`` ..., ``dis_t2i_r100``,
     and (None when unavailable) ``achieved_precision_0.5/0.8/0.9``, ``achieved_recall_...``,
     ``calibration_error_...``, ``mean_calibration_error``, ``threshold_spread``, ``relative_threshold_spread``
-    (see ``transfer.calibration_summary``), ``opis`` (caption queries) and ``i2t_opis`` (image queries)."""
+    (see ``transfer.calibration_summary``), ``opis`` (caption queries), ``i2t_opis`` (image queries) and the
+    probability map's figures (:func:`probability_summary`)."""
     out = {
         "pr_auc": metrics["calibration"]["pr_auc"],
         "average_precision": metrics["calibration"]["average_precision"],
@@ -160,8 +176,26 @@ def summary(metrics: dict) -> dict:
             out[f"dis_t2i_r{k}"] = v
     out.update(calibration_summary(metrics.get("transfer"), metrics.get("query_thresholds")))
     out.update(opis_summary(metrics.get("opis")))
-    prob = metrics.get("probability") or {}
-    out["probability_ece"], out["probability_ece_top"] = prob.get("ece"), prob.get("ece_top")
+    out.update(probability_summary(metrics.get("probability")))
+    return out
+
+
+def probability_summary(prob: dict | None) -> dict:
+    """The probability map's headline figures (None when unavailable): ``probability_ece``, ``probability_ece_top``,
+    ``probability_brier``, ``probability_log_loss``, their ``..._skill``, ``probability_reliability``,
+    ``probability_resolution``, ``probability_pairs_ge_{c}``, ``probability_precision_ge_{c}`` for c = 0.5, 0.9,
+    ``probability_query_error`` and ``probability_query_error_floor`` (mean per-query error over all queries)."""
+    prob = prob or {}
+    scores, per_query = prob.get("scores") or {}, (prob.get("per_query") or {}).get("all") or {}
+    out = {"probability_ece": prob.get("ece"), "probability_ece_top": prob.get("ece_top")}
+    for key in ("brier", "log_loss", "brier_skill", "log_loss_skill", "reliability", "resolution"):
+        out[f"probability_{key}"] = scores.get(key)
+    for level in CONFIDENT_LEVELS:
+        confident = (prob.get("confident") or {}).get(f"{level:g}") or {}
+        out[f"probability_pairs_ge_{level:g}"] = confident.get("num_pairs")
+        out[f"probability_precision_ge_{level:g}"] = confident.get("precision")
+    out["probability_query_error"] = per_query.get("error")
+    out["probability_query_error_floor"] = per_query.get("floor")
     return out
 
 
@@ -229,6 +263,7 @@ def evaluate_model(
         ann_search_fn=None if ann_factory is None else ann_factory(doc_emb),
         calibration_thresholds=calibration_thresholds,
         probability_map=probability_map,
+        caption_lengths=None if probability_map is None else caption_word_counts(split.captions),
     )
     result = {
         "schema_version": SCHEMA_VERSION,

@@ -20,13 +20,19 @@ bend, and a sigmoid is wrong at exactly the high scores a user reads. Isotonic r
 higher score is never less likely to be relevant, and a validation split has millions of pairs, enough for its
 extra freedom; its cost is piecewise-flat output (equal probabilities within a step).
 
-:func:`reliability` measures a map on another split: pairs are grouped by predicted probability into equal-width
-bins; per bin the mean predicted and the observed share of relevant pairs (the reliability diagram), and
+:func:`reliability` measures a map on another split in one streamed pass: pairs are grouped by predicted
+probability into equal-width bins; per bin the mean predicted and the observed share of relevant pairs (the
+reliability diagram), and
 
     ECE = sum_b (n_b / N) |observed_b - predicted_b|     (expected calibration error).
 
-It also reports ECE per group of queries (by their number of relevant images): a map that transfers across
-queries is calibrated in every group, not only on average.
+Over all pairs the ECE cannot tell two maps apart: with P relevant among N pairs it is at most about 2 P / N (0.4
+points at one relevant image in 500) for any map, and pooled over queries one query's over-confidence cancels
+another's under-confidence. So it also reports what does separate them: the proper scores (Brier score, log loss,
+their skill against the base rate and Murphy's reliability / resolution split, :mod:`proper_scores`), how many pairs
+the map predicts >= 0.5 and >= 0.9 and the precision observed there, and the calibration error per query (each
+query's own ECE over its pairs predicted >= 0.1, with the noise floor a perfectly calibrated map would show),
+averaged per query group: by number of relevant images, by the query's highest score, by caption length.
 """
 
 from __future__ import annotations
@@ -37,13 +43,32 @@ import numpy as np
 from sklearn.isotonic import isotonic_regression
 
 from ce_retrieval.evaluation._arrays import block_rows, check_pair
+from ce_retrieval.evaluation.proper_scores import ProperScores
 
-__all__ = ["PROBABILITY_AXES", "ProbabilityMap", "fit_probability_map", "fit_scores", "reliability"]
+__all__ = [
+    "CAPTION_LENGTH_GROUPS",
+    "CONFIDENT_LEVELS",
+    "PROBABILITY_AXES",
+    "RELEVANT_GROUPS",
+    "TOP_SCORE_GROUPS",
+    "ProbabilityMap",
+    "caption_word_counts",
+    "fit_probability_map",
+    "fit_scores",
+    "reliability",
+]
 
 DEFAULT_BINS = 2000  # score bins of width 0.001 over [-1, 1]
 DEFAULT_BLOCK_ELEMENTS = 1 << 21
 FORMAT = "isotonic/1"
 PROBABILITY_AXES = ("predicted P(relevant | score), mean per bin", "observed share of relevant pairs")
+TOP_PROBABILITY = 0.1  # where a user reads a probability: the per-query errors count pairs predicted at least this
+CONFIDENT_LEVELS = (0.5, 0.9)
+FLOOR_DRAWS = 32  # outcome draws averaged for the per-query error's noise floor
+RELEVANT_GROUPS = ["0", "1", "2", "3", "4", "5+"]
+TOP_SCORE_GROUPS = ["Q1 (lowest)", "Q2", "Q3", "Q4 (highest)"]
+# (longest caption in the group in words, name), the last open-ended; the synthetic captions have 3-25 words
+CAPTION_LENGTH_GROUPS = ((5, "<=5"), (8, "6-8"), (12, "9-12"), (17, "13-17"), (None, "18+"))
 
 
 @dataclasses.dataclass
@@ -157,6 +182,53 @@ def _ece(pred_sum, obs, count) -> float | None:
     return float(np.sum(np.abs(obs - pred_sum)) / n)  # sum_b n_b |observed_b - predicted_b| / N
 
 
+def caption_word_counts(captions) -> np.ndarray:
+    """Words per caption (split on whitespace; bytes decoded as UTF-8): :func:`reliability`'s ``caption_lengths``."""
+    return np.array(
+        [len((c.decode("utf-8", "replace") if isinstance(c, bytes) else str(c)).split()) for c in captions], np.int64
+    )
+
+
+def _tally(pmap: ProbabilityMap, q, d, qids, dids, num_bins: int, block_size, seed: int):
+    """One pass over the pairs: per (query, probability bin) the pairs, predictions summed and relevant pairs; per
+    query the error of outcomes drawn from the predictions (:func:`_drawn_error`); the proper scores; per confident
+    level the pairs, relevant pairs and predictions summed; each query's highest score."""
+    cells, drawn_error = np.zeros((3, len(q), num_bins)), np.zeros(len(q))
+    scores, confident, top_score = ProperScores(), np.zeros((len(CONFIDENT_LEVELS), 3)), np.empty(len(q))
+    rng = np.random.default_rng(seed)
+    for r0, r1, s, rel in _pair_blocks(q, d, qids, dids, block_size):
+        p, y = pmap(s.reshape(-1)), rel.reshape(-1)
+        bin_of = np.minimum((p * num_bins).astype(np.int64), num_bins - 1)
+        key = np.repeat(np.arange(r1 - r0), s.shape[1]) * num_bins + bin_of
+        for k, w in enumerate((None, p, y)):
+            cells[k, r0:r1] = np.bincount(key, w, minlength=(r1 - r0) * num_bins).reshape(-1, num_bins)
+        drawn_error[r0:r1] = _drawn_error(rng, p, key, bin_of >= _first_top_bin(num_bins), cells[1, r0:r1])
+        scores.add(p, y)
+        for k, level in enumerate(CONFIDENT_LEVELS):
+            at = p >= level
+            confident[k] += (at.sum(), y[at].sum(), p[at].sum())
+        top_score[r0:r1] = s.max(axis=1)
+    return cells, drawn_error, scores.result(), confident, top_score
+
+
+def _drawn_error(rng, p, key, top, pred) -> np.ndarray:
+    """Per query row of a block: sum over its bins >= 0.1 of |drawn_qb - predicted_qb|, averaged over
+    ``FLOOR_DRAWS`` draws of outcomes y* ~ Bernoulli(p) for its pairs predicted >= 0.1 (``rng.random`` of shape
+    [pairs, draws] in row-major pair order, so the draws do not depend on the block size). Only the occupied
+    (query, bin) cells are held."""
+    rows, num_bins = pred.shape
+    hit = rng.random((int(top.sum()), FLOOR_DRAWS)) < p[top, None]
+    cell, at = np.unique(key[top], return_inverse=True)
+    slot = at[:, None] * FLOOR_DRAWS + np.arange(FLOOR_DRAWS)
+    drawn = np.bincount(slot.reshape(-1), hit.reshape(-1), len(cell) * FLOOR_DRAWS).reshape(-1, FLOOR_DRAWS)
+    error = np.abs(drawn - pred.reshape(-1)[cell, None]).mean(1)
+    return np.bincount(cell // num_bins, error, rows)
+
+
+def _first_top_bin(num_bins: int) -> int:
+    return int(np.ceil(TOP_PROBABILITY * num_bins))  # bins from here hold the pairs predicted >= 0.1
+
+
 def _group_errors(group_of: np.ndarray, names: list[str], count, pred, obs, top) -> dict:
     """Per query group: number of queries, ECE and ECE over the bins predicted >= 0.1 (per-query arrays summed)."""
     out = {}
@@ -169,37 +241,115 @@ def _group_errors(group_of: np.ndarray, names: list[str], count, pred, obs, top)
     return out
 
 
+def _per_query_errors(count, pred, obs, drawn_error, top) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per query, over its pairs predicted >= 0.1 (bins ``top``): the pairs n_q, the error
+    sum_b |observed_qb - predicted_qb| / n_q and the mean drawn one (NaN where n_q = 0)."""
+    n = count[:, top].sum(1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return n, np.abs(obs - pred)[:, top].sum(1) / n, drawn_error / n
+
+
+def _mean_per_query(members: np.ndarray, n, error, floor) -> dict:
+    scored = members & (n > 0)
+    k = int(scored.sum())
+    return {
+        "num_queries": int(members.sum()),
+        "num_measured": k,
+        "error": float(error[scored].mean()) if k else None,
+        "floor": float(floor[scored].mean()) if k else None,
+    }
+
+
+def _confident(sums: np.ndarray) -> dict:
+    """Per level: pairs predicted at least that, the share of them relevant, their mean prediction."""
+    out = {}
+    for level, (n, relevant, predicted) in zip(CONFIDENT_LEVELS, sums, strict=True):
+        out[f"{level:g}"] = {
+            "num_pairs": int(n),
+            "precision": float(relevant / n) if n else None,
+            "mean_predicted": float(predicted / n) if n else None,
+        }
+    return out
+
+
+def _query_groups(num_relevant, top_score, caption_lengths) -> dict:
+    """``{grouping: (group index per query, group names)}``: by number of relevant images, by quartile of the
+    highest score, and (given) by caption length in words."""
+    quartile = np.searchsorted(np.quantile(top_score, [0.25, 0.5, 0.75]), top_score, side="right")
+    groups = {
+        "by_relevant": (np.minimum(num_relevant, 5), RELEVANT_GROUPS),
+        "by_top_score": (quartile, TOP_SCORE_GROUPS),
+    }
+    if caption_lengths is not None:
+        lengths = np.asarray(caption_lengths).reshape(-1)
+        if len(lengths) != len(top_score):
+            raise ValueError(f"caption_lengths has {len(lengths)} entries for {len(top_score)} queries")
+        edges = [hi for hi, _ in CAPTION_LENGTH_GROUPS[:-1]]
+        groups["by_caption_length"] = (
+            np.searchsorted(edges, lengths, side="left"),
+            [name for _, name in CAPTION_LENGTH_GROUPS],
+        )
+    return groups
+
+
 def reliability(
-    pmap: ProbabilityMap, query_emb, doc_emb, query_ids, doc_ids, num_bins: int = 10, block_size: int | None = None
+    pmap: ProbabilityMap,
+    query_emb,
+    doc_emb,
+    query_ids,
+    doc_ids,
+    num_bins: int = 10,
+    block_size: int | None = None,
+    caption_lengths=None,
+    seed: int = 0,
 ) -> dict:
-    """The map's calibration on a split: ``ece``, the reliability diagram (per equal-width bin of predicted
-    probability: ``predicted`` mean, ``observed`` share of relevant pairs, ``count``), ``ece_top`` (the same
-    restricted to pairs predicted >= 0.1, where a user reads a probability: the near-zero mass of irrelevant pairs
-    dominates the plain ECE), and per query group (``num_queries``, ``ece``, ``ece_top``): ``ece_by_group``
-    (queries by their number of relevant images) and ``ece_by_top_score`` (queries by the quartile of their
-    highest score, a query property a service sees: a map that transfers across queries holds in each)."""
+    """The map's calibration on a split, in one streamed pass over its query x image pairs.
+
+    * ``ece`` and the reliability diagram ``bins`` (per equal-width bin of predicted probability: ``predicted``
+      mean, ``observed`` share of relevant pairs, ``count``); ``ece_top``, the same over pairs predicted >= 0.1;
+      ``ece_by_group`` / ``ece_by_top_score``: both per query group, pooled over the group's queries.
+    * ``scores``: Brier score, log loss, their skill against the base rate and Murphy's decomposition
+      (:mod:`ce_retrieval.evaluation.proper_scores`).
+    * ``confident``: per level 0.5 and 0.9, the pairs predicted at least that (``num_pairs``), the share of them
+      relevant (``precision``) and their ``mean_predicted``.
+    * ``per_query``: calibration error per query, averaged over the queries of each group (``all``; ``by_relevant``,
+      ``by_top_score``, and with ``caption_lengths`` (words per query, :func:`caption_word_counts`)
+      ``by_caption_length``): ``num_queries``, ``num_measured`` (those with a pair predicted >= 0.1), ``error``,
+      ``floor``.
+
+    Why per query: the plain ECE is bounded by about 2 P / N (P relevant among N pairs: 0.4 points at 1 in 500) for
+    any map, and a group's pooled ECE lets one query's over-confidence cancel another's under-confidence. Per query
+    q, over its pairs predicted >= 0.1 in the diagram's bins b (n_q pairs),
+
+        error_q = sum_b |observed_qb - predicted_qb| / n_q        (sums of relevance and of predictions per bin)
+
+    is the query's own ECE where a user reads a probability; a group's ``error`` is its mean over the group's
+    queries that have such pairs (each query counts once: the cross-example claim is that one map holds for each
+    query). A query has few such pairs, so even a perfectly calibrated map scores well above 0 (one pair predicted
+    0.3 scores 0.7 or 0.3): ``floor`` is the same mean for outcomes drawn from the predictions (y* ~ Bernoulli(p),
+    averaged over 32 draws seeded by ``seed``), the sampling noise in ``error``; ``error - floor`` is what the map's
+    own miscalibration adds. The draws are independent per pair; a query's real outcomes are not (it has a fixed
+    number of relevant images), so a calibrated map can score somewhat below the floor.
+    """
     q, d, qids, dids = check_pair(query_emb, doc_emb, query_ids, doc_ids)
     doc_id, per_id = np.unique(dids, return_counts=True)
     at = np.minimum(np.searchsorted(doc_id, qids), len(doc_id) - 1)
     num_relevant = np.where(doc_id[at] == qids, per_id[at], 0)
-    # per (query, bin): pairs, sum of predictions, relevant pairs; and each query's highest score
-    count = np.zeros((len(q), num_bins))
-    pred = np.zeros((len(q), num_bins))
-    obs = np.zeros((len(q), num_bins))
-    top_score = np.empty(len(q))
-    for r0, r1, s, rel in _pair_blocks(q, d, qids, dids, block_size):
-        p = pmap(s.reshape(-1))
-        bin_of = np.minimum((p * num_bins).astype(np.int64), num_bins - 1)
-        key = np.repeat(np.arange(r1 - r0), s.shape[1]) * num_bins + bin_of
-        size = (r1 - r0) * num_bins
-        count[r0:r1] = np.bincount(key, minlength=size).reshape(-1, num_bins)
-        pred[r0:r1] = np.bincount(key, p, minlength=size).reshape(-1, num_bins)
-        obs[r0:r1] = np.bincount(key, rel.reshape(-1), minlength=size).reshape(-1, num_bins)
-        top_score[r0:r1] = s.max(axis=1)
+    (count, pred, obs), drawn_error, scores, confident, top_score = _tally(
+        pmap, q, d, qids, dids, num_bins, block_size, seed
+    )
     c, ps, ob = count.sum(0), pred.sum(0), obs.sum(0)
     safe = np.maximum(c, 1)
-    top = np.arange(num_bins) >= int(np.ceil(0.1 * num_bins))
-    quartile = np.searchsorted(np.quantile(top_score, [0.25, 0.5, 0.75]), top_score, side="right")
+    top = np.arange(num_bins) >= _first_top_bin(num_bins)
+    n_top, error, floor = _per_query_errors(count, pred, obs, drawn_error, top)
+    groups = _query_groups(num_relevant, top_score, caption_lengths)
+    per_query = {"all": _mean_per_query(np.ones(len(q), bool), n_top, error, floor)}
+    for grouping, (group_of, names) in groups.items():
+        per_query[grouping] = {
+            name: _mean_per_query(group_of == g, n_top, error, floor)
+            for g, name in enumerate(names)
+            if np.any(group_of == g)
+        }
     return {
         "ece": _ece(ps, ob, c),
         "ece_top": _ece(ps[top], ob[top], c[top]),
@@ -210,8 +360,9 @@ def reliability(
             "observed": [float(v) if n else None for v, n in zip(ob / safe, c, strict=True)],
             "count": c.astype(np.int64).tolist(),
         },
-        "ece_by_group": _group_errors(
-            np.minimum(num_relevant, 5), ["0", "1", "2", "3", "4", "5+"], count, pred, obs, top
-        ),
-        "ece_by_top_score": _group_errors(quartile, ["Q1 (lowest)", "Q2", "Q3", "Q4 (highest)"], count, pred, obs, top),
+        "ece_by_group": _group_errors(*groups["by_relevant"], count, pred, obs, top),
+        "ece_by_top_score": _group_errors(*groups["by_top_score"], count, pred, obs, top),
+        "scores": scores,
+        "confident": _confident(confident),
+        "per_query": per_query,
     }

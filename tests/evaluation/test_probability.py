@@ -117,8 +117,8 @@ def test_perfectly_calibrated_constant_map_has_zero_error():
 
 
 def test_evaluation_and_report_carry_the_map_calibration(tmp_path):
-    """evaluate_embeddings measures a given map (ECE in the summary); the report prints CE and SS side by side
-    and plots their reliability diagrams."""
+    """evaluate_embeddings measures a given map (ECE, Brier skill in the summary); the report prints CE and SS side
+    by side (skills, confident pairs, per-query errors) and plots their reliability diagrams."""
     from PIL import Image
 
     from ce_retrieval.evaluation.evaluate import evaluate_embeddings, summary
@@ -138,8 +138,13 @@ def test_evaluation_and_report_carry_the_map_calibration(tmp_path):
         {"run_name": "SampledSoftmax", "metrics": {"probability": metrics["probability"]}},
     ]
     table = format_probability(docs)
-    ce_row = next(line for line in table.splitlines() if line.startswith("| CrossExampleSoftmax"))
-    assert f"{100 * metrics['probability']['ece']:.2f}" in ce_row and "| SampledSoftmax | 2 |" in table
+    ce_rows = [line for line in table.splitlines() if line.startswith("| CrossExampleSoftmax")]
+    assert len(ce_rows) == 2  # the scores table and the per-query table
+    assert f"| CrossExampleSoftmax | 1 | {100 * s['probability_brier_skill']:.2f} |" in ce_rows[0]
+    assert f"{100 * s['probability_query_error']:.1f} ({100 * s['probability_query_error_floor']:.1f})" in ce_rows[1]
+    assert "| SampledSoftmax | 2 |" in table and "top score Q4 (highest)" in table
+    old = {"ece": 0.001, "ece_top": 0.03, "ece_by_group": {}, "ece_by_top_score": {}, "bins": {}}  # before these
+    assert "| old | 1 | – | – |" in format_probability([{"run_name": "old", "metrics": {"probability": old}}])
     assert format_probability([{"run_name": "x", "metrics": {}}]) is None
     path = plot_probability_report(docs, str(tmp_path / "prob.png"))
     with Image.open(path) as img:

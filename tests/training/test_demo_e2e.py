@@ -48,7 +48,7 @@ def test_demo_runs_every_stage(tmp_path):
     ):
         assert stage in out
     assert "calibration, side by side" in out and "SampledSoftmax" in out and "CrossExampleSoftmax" in out
-    assert "P(relevant | score) map: ECE" in out
+    assert "P(relevant | score) map: Brier skill" in out and "thresholds per precision {" in out
     assert (workdir / "eval" / "calibration_side_by_side.png").stat().st_size > 10_000
     baseline = json.loads((workdir / "eval" / "baseline" / "eval_test.json").read_text())
     assert baseline["run_name"] == "SampledSoftmax" and baseline["config"]["loss"]["name"] == "SampledSoftmax"
