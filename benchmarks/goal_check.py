@@ -29,6 +29,7 @@ import tf_keras  # noqa: E402
 
 from ce_retrieval.losses import GradientObjective, RetrievalLoss  # noqa: E402
 from ce_retrieval.losses.goal import PAIR_WEIGHTS, TRIPLET_WEIGHTS  # noqa: E402
+from ce_retrieval.utils.seeding import seed_everything  # noqa: E402
 
 
 def in_batch_softmax(relevance, scores, scale=20.0):
@@ -95,6 +96,7 @@ def train_all(policy):
     results = {}
     for tw, pw in itertools.product(TRIPLET_WEIGHTS, PAIR_WEIGHTS):
         tf_keras.backend.clear_session()
+        seed_everything(0, deterministic=False)  # every combination starts from the same weights
         a, b = tf_keras.Input((6,)), tf_keras.Input((5,))
         norm = tf_keras.layers.Lambda(lambda t: tf.math.l2_normalize(t, axis=1))
         xa, yb = norm(tf_keras.layers.Dense(4)(a)), norm(tf_keras.layers.Dense(4)(b))
