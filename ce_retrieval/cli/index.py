@@ -263,7 +263,8 @@ def _thresholds_file(path: str):
     with open(path, encoding="utf-8") as f:
         report = json.load(f)
     block = report.get("calibration") if isinstance(report.get("calibration"), dict) else {}
-    stored = report.get("split_calibration") or block.get("split_calibration")
+    source = report.get("calibration_split") if isinstance(report.get("calibration_split"), dict) else {}
+    stored = report.get("split_calibration") or block.get("split_calibration") or source.get("split_calibration")
     if stored:
         return None, Calibration.from_json(stored)
     thresholds = report.get("threshold_at_precision") or block.get("threshold_at_precision")

@@ -36,17 +36,19 @@ import numpy as np
 
 from ce_retrieval.evaluation.calibration import global_pr_auc
 from ce_retrieval.evaluation.embed import embed_split, embed_strings
+from ce_retrieval.evaluation.guarantee import DEFAULT_DELTA
 from ce_retrieval.evaluation.opis import operating_point_inconsistency, opis_summary
 from ce_retrieval.evaluation.probability import (
     CONFIDENT_LEVELS,
     PROBABILITY_AXES,
     ProbabilityMap,
     caption_word_counts,
-    fit_probability_map,
     reliability,
 )
+from ce_retrieval.evaluation.promise_check import check_promises, promise_summary
 from ce_retrieval.evaluation.retrieval import ann_recall_loss, recall_at_k, recall_with_distractors
 from ce_retrieval.evaluation.search import exact_search
+from ce_retrieval.evaluation.split_calibration import DEFAULT_LEVELS, calibrate_split
 from ce_retrieval.evaluation.transfer import (
     RELIABILITY_LEVELS,
     calibration_summary,
@@ -114,6 +116,7 @@ def evaluate_embeddings(
     calibration_thresholds: dict | None = None,
     probability_map: ProbabilityMap | None = None,
     caption_lengths=None,
+    split_calibration=None,
 ) -> dict:
     """All metrics from embeddings: ``{"recall", "calibration", "distractors" (or None), "ann" (or None),
     "query_thresholds", "opis", "transfer" (or None), "probability" (or None)}``.
@@ -124,6 +127,11 @@ def evaluate_embeddings(
     ``calibration_thresholds``: ``{precision level: score threshold or None}`` chosen on another split (its
     ``global_pr_auc(...)["threshold_at_precision"]``); ``transfer`` is then ``threshold_transfer`` of them on
     these embeddings.
+
+    ``split_calibration``: a :class:`~ce_retrieval.evaluation.split_calibration.Calibration` made on another split;
+    ``promises`` is then :func:`~ce_retrieval.evaluation.promise_check.check_promises` here (guaranteed and
+    estimated thresholds for this gallery's size: kept or not, recall at guaranteed precision), and with
+    distractors ``promises_with_distractors`` the same on the gallery they extend.
 
     ``probability_map``: a score -> P(relevant) map fitted on another split; ``probability`` is then its
     ``reliability`` here, per query group also by ``caption_lengths`` (words per query) when given.
@@ -140,7 +148,17 @@ def evaluate_embeddings(
         ),
         "transfer": None,
         "probability": None,
+        "promises": None,
+        "promises_with_distractors": None,
     }
+    if split_calibration is not None:
+        metrics["promises"] = check_promises(split_calibration, query_emb, doc_emb, query_ids, doc_ids)
+        if distractor_emb is not None and len(distractor_emb):
+            d_ext = np.concatenate([np.asarray(doc_emb, np.float32), np.asarray(distractor_emb, np.float32)])
+            never = _ids_unlike(doc_ids, len(distractor_emb))
+            metrics["promises_with_distractors"] = check_promises(
+                split_calibration, query_emb, d_ext, query_ids, np.concatenate([np.asarray(doc_ids), never])
+            )
     if probability_map is not None:  # fitted on another split: its calibration here
         metrics["probability"] = reliability(
             probability_map, query_emb, doc_emb, query_ids, doc_ids, caption_lengths=caption_lengths
@@ -160,8 +178,9 @@ def summary(metrics: dict) -> dict:
     """Flat headline figures (fractions): ``pr_auc``, ``average_precision``, ``rsum``, ``t2i_r1`` ..., ``dis_t2i_r100``,
     and (None when unavailable) ``achieved_precision_0.5/0.8/0.9``, ``achieved_recall_...``,
     ``calibration_error_...``, ``mean_calibration_error``, ``threshold_spread``, ``relative_threshold_spread``
-    (see ``transfer.calibration_summary``), ``opis`` (caption queries), ``i2t_opis`` (image queries) and the
-    probability map's figures (:func:`probability_summary`)."""
+    (see ``transfer.calibration_summary``), ``opis`` (caption queries), ``i2t_opis`` (image queries), the
+    probability map's figures (:func:`probability_summary`) and the promises' (``guaranteed_recall_0.5`` ...:
+    :func:`~ce_retrieval.evaluation.promise_check.promise_summary`; ``dis_guaranteed_...`` with distractors)."""
     out = {
         "pr_auc": metrics["calibration"]["pr_auc"],
         "average_precision": metrics["calibration"]["average_precision"],
@@ -177,7 +196,18 @@ def summary(metrics: dict) -> dict:
     out.update(calibration_summary(metrics.get("transfer"), metrics.get("query_thresholds")))
     out.update(opis_summary(metrics.get("opis")))
     out.update(probability_summary(metrics.get("probability")))
+    out.update(promise_summary(metrics.get("promises")))
+    with_distractors = promise_summary(metrics.get("promises_with_distractors"))
+    out.update({f"dis_{k}": v for k, v in with_distractors.items() if k.startswith(("guaranteed_", "guarantee_"))})
     return out
+
+
+def _ids_unlike(doc_ids, n: int) -> np.ndarray:
+    """``n`` ids that equal no id of ``doc_ids`` (for distractors: relevant to no query)."""
+    ids = np.asarray(doc_ids)
+    if ids.dtype.kind in "iu":
+        return np.arange(int(ids.min()) - n, int(ids.min()), dtype=ids.dtype)
+    return np.array([f"__distractor_{i}" for i in range(n)], dtype=object)
 
 
 def probability_summary(prob: dict | None) -> dict:
@@ -215,6 +245,8 @@ def evaluate_model(
     num_plot_queries: int = 1000,
     calibration_split=None,
     calibration_thresholds: dict | None = None,
+    precision_levels=None,
+    delta: float | None = None,
 ) -> dict:
     """Embed ``split`` with the towers, compute every metric, and (with ``output_dir``) write the JSON and plots.
 
@@ -230,6 +262,10 @@ def evaluate_model(
       calibration_split: a :class:`RetrievalSplit` (usually validation) on which thresholds for the precisions
         ``RELIABILITY_LEVELS`` are calibrated (``global_pr_auc``); ``metrics["transfer"]`` reports the precision
         they achieve on ``split`` and the JSON's ``calibration_split`` names the split (fingerprint, thresholds).
+        The same split is calibrated with :func:`~ce_retrieval.evaluation.split_calibration.calibrate_split`
+        (``precision_levels``, default 0.5 / 0.8 / 0.9, confidence 1 - ``delta``, default 0.9): ``metrics
+        ["promises"]`` checks its guaranteed thresholds here, and the JSON's ``calibration_split`` carries the
+        calibration (``split_calibration``, what ``ce-retrieval index --thresholds_json`` reads).
       calibration_thresholds: the same thresholds given directly (``{level: threshold or None}``) instead.
 
     Returns the JSON document as a dict (``summary`` holds the headline figures).
@@ -244,12 +280,13 @@ def evaluate_model(
     embed_seconds = time.perf_counter() - start
     fingerprint = dataset_fingerprint(split)
     seconds = {"embed": embed_seconds}
-    calibration_source, probability_map = None, None
+    calibration_source, probability_map, calibration = None, None, None
     if calibration_split is not None:
         t0 = time.perf_counter()
-        calibration_thresholds, calibration_source, probability_map = _calibrate(
-            text_encoder, image_encoder, calibration_split, batch_size
+        calibration_thresholds, calibration_source, calibration = _calibrate(
+            text_encoder, image_encoder, calibration_split, batch_size, precision_levels, delta
         )
+        probability_map = calibration.probability
         calibration_source["same_as_evaluated"] = calibration_source["dataset_fingerprint"] == fingerprint
         seconds["calibrate"] = time.perf_counter() - t0
     metrics = evaluate_embeddings(
@@ -264,6 +301,7 @@ def evaluate_model(
         calibration_thresholds=calibration_thresholds,
         probability_map=probability_map,
         caption_lengths=None if probability_map is None else caption_word_counts(split.captions),
+        split_calibration=calibration,
     )
     result = {
         "schema_version": SCHEMA_VERSION,
@@ -303,13 +341,22 @@ def evaluate_model(
     return _jsonable(result)
 
 
-def _calibrate(text_encoder, image_encoder, calibration_split, batch_size) -> tuple[dict, dict, ProbabilityMap]:
-    """Thresholds for ``RELIABILITY_LEVELS`` calibrated on ``calibration_split``, a record of that split (with the
-    probability map), and the score -> P(relevant) map fitted on it."""
+def _calibrate(text_encoder, image_encoder, calibration_split, batch_size, levels=None, delta=None):
+    """Thresholds for ``RELIABILITY_LEVELS`` calibrated on ``calibration_split`` (the point estimates of the
+    reliability diagram), a record of that split (with the probability map and the calibration), and the
+    :class:`~ce_retrieval.evaluation.split_calibration.Calibration` (guarantee + probability map) made on it."""
     q, d, qi, di = embed_split(text_encoder, image_encoder, calibration_split, batch_size)
     cal = global_pr_auc(q, d, qi, di, target_precisions=RELIABILITY_LEVELS)
     thresholds = cal["threshold_at_precision"]
-    pmap = fit_probability_map(q, d, qi, di)
+    promise = calibrate_split(
+        q,
+        d,
+        qi,
+        di,
+        levels=DEFAULT_LEVELS if levels is None else levels,
+        delta=DEFAULT_DELTA if delta is None else delta,
+        source={"split": calibration_split.name},
+    )
     return (
         thresholds,
         {
@@ -319,9 +366,10 @@ def _calibrate(text_encoder, image_encoder, calibration_split, batch_size) -> tu
             "num_images": len(calibration_split.images),
             "pr_auc": cal["pr_auc"],
             "threshold_at_precision": thresholds,
-            "probability_map": pmap.to_json(),
+            "probability_map": promise.probability.to_json(),
+            "split_calibration": promise.to_json(),
         },
-        pmap,
+        promise,
     )
 
 

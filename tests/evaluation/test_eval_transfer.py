@@ -22,6 +22,8 @@ from ce_retrieval.evaluation.callback import RetrievalEvaluationCallback
 from ce_retrieval.evaluation.embed import embed_split
 from ce_retrieval.evaluation.evaluate import dataset_fingerprint, evaluate_embeddings, evaluate_model
 from ce_retrieval.evaluation.plots import plot_reliability
+from ce_retrieval.evaluation.promise_check import check_promises
+from ce_retrieval.evaluation.split_calibration import Calibration
 from ce_retrieval.evaluation.transfer import (
     RELIABILITY_LEVELS,
     per_query_thresholds,
@@ -346,6 +348,13 @@ def test_evaluate_model_calibrates_on_another_split(towers, tmp_path):
         assert img.format == "PNG"
     assert os.path.basename(doc["files"]["reliability"]) == "reliability_test.png"
     assert result["summary"] == doc["summary"]
+    # the same split's calibration with the guarantee: stored, and its promises checked on this gallery
+    cal = Calibration.from_json(source["split_calibration"])
+    assert doc["metrics"]["promises"] == json.loads(json.dumps(check_promises(cal, q, d, qi, di)))
+    assert cal.rates.num_queries == len(vq) and cal.levels == (0.5, 0.8, 0.9) and cal.delta == 0.1
+    for level in ("0.5", "0.8", "0.9"):
+        entry = doc["metrics"]["promises"]["levels"][level]
+        assert doc["summary"][f"guaranteed_recall_{level}"] == entry["recall"]
     with pytest.raises(ValueError, match="not both"):
         evaluate_model(model.text_encoder, model.image_encoder, split, calibration_split=val, calibration_thresholds={})
 
