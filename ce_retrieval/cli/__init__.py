@@ -1,7 +1,7 @@
 """The ce-retrieval command line: one module per command, each only parsing arguments and printing results.
 
-Each command module (``train``, ``evaluate``, ``report``, ``export``, ``index``, ``query``, ``serve``, ``demo``,
-``embed-gallery`` in ``embed_gallery``, ``serve-shard`` in ``serve_shard``)
+Each command module (``train``, ``evaluate``, ``report``, ``export``, ``index``, ``calibrate``, ``query``, ``serve``,
+``demo``, ``embed-gallery`` in ``embed_gallery``, ``serve-shard`` in ``serve_shard``)
 exposes ``add_arguments(parser)`` and ``run(args) -> int`` and holds only argument parsing, wiring and printing;
 the work is done by the library functions it calls. Modules are imported only when their command runs.
 ``python -m ce_retrieval.cli`` and the ``ce-retrieval`` console script both call :func:`main`.
@@ -30,6 +30,10 @@ COMMANDS = {
     "report": ("ce_retrieval.cli.report", "side-by-side table (paper Table 1 layout) of evaluation JSONs"),
     "export": ("ce_retrieval.cli.export", "export text and image encoders as TF Serving SavedModels"),
     "index": ("ce_retrieval.cli.index", "build a ScaNN index of a gallery next to an export"),
+    "calibrate": (
+        "ce_retrieval.cli.calibrate",
+        "recalibrate an index's guaranteed thresholds on labelled captions of a new domain (a new version)",
+    ),
     "query": ("ce_retrieval.cli.query", "search an exported index with captions"),
     "serve": ("ce_retrieval.cli.serve", "HTTP JSON retrieval service over an export (or a router over shard servers)"),
     "embed-gallery": (

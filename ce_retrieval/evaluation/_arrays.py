@@ -2,7 +2,9 @@
 
 Embeddings arrive as NumPy arrays or tensors (any float dtype, e.g. float16 from a mixed-precision tower) and
 are scored as float32 dot products ``S = Q D^T``. Ids are rank-1 arrays; query i is relevant to document j iff
-``query_ids[i] == doc_ids[j]`` (ids may repeat on either side).
+``query_ids[i] == doc_ids[j]`` (ids may repeat on either side), unless the relevant pairs are given as
+``positives = (rows, cols)`` (:func:`check_positives`): a caption relevant to several images that other captions
+share only in part, which id equality cannot express.
 """
 
 from __future__ import annotations
@@ -73,6 +75,38 @@ def required_positive_pairs(query_ids: np.ndarray, doc_ids: np.ndarray, where: s
     if len(rows) == 0:
         raise ValueError(f"{where}: no query shares an id with any document, so there are no positive pairs")
     return rows, cols
+
+
+def check_positives(positives, n: int, m: int, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """Given relevant pairs ``(rows, cols)`` of an ``n x m`` pair matrix as int64 arrays sorted by row (then
+    column), or a ValueError naming ``where``: equal lengths, in range, no pair twice, at least one pair."""
+    try:
+        rows, cols = (np.asarray(a).reshape(-1) for a in positives)
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: positives must be a pair (rows, cols) of index arrays") from None
+    if len(rows) != len(cols) or (len(rows) and (rows.dtype.kind not in "iu" or cols.dtype.kind not in "iu")):
+        raise ValueError(
+            f"{where}: positives must be two integer arrays of one length, got {len(rows)} and {len(cols)}"
+        )
+    if len(rows) == 0:
+        raise ValueError(f"{where}: no positive pairs given")
+    if rows.min() < 0 or rows.max() >= n or cols.min() < 0 or cols.max() >= m:
+        raise ValueError(f"{where}: positives out of range for {n} queries x {m} documents")
+    order = np.lexsort((cols, rows))
+    rows, cols = rows[order].astype(np.int64), cols[order].astype(np.int64)
+    if np.any((np.diff(rows) == 0) & (np.diff(cols) == 0)):
+        raise ValueError(f"{where}: a positive pair is given twice")
+    return rows, cols
+
+
+def relevance_block(positives: tuple[np.ndarray, np.ndarray], r0: int, r1: int, m: int) -> np.ndarray:
+    """``bool [r1 - r0, m]``: True at the relevant pairs of query rows ``r0:r1`` (``positives`` as
+    :func:`check_positives` returns them)."""
+    rows, cols = positives
+    a, z = np.searchsorted(rows, [r0, r1])
+    out = np.zeros((r1 - r0, m), bool)
+    out[rows[a:z] - r0, cols[a:z]] = True
+    return out
 
 
 def block_rows(block_size, num_cols: int, block_elements: int) -> int:

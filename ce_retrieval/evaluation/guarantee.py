@@ -53,7 +53,7 @@ import dataclasses
 import numpy as np
 from scipy import stats
 
-from ce_retrieval.evaluation._arrays import block_rows, check_pair, required_positive_pairs
+from ce_retrieval.evaluation._arrays import block_rows, check_pair, check_positives, required_positive_pairs
 from ce_retrieval.evaluation.calibration import DEFAULT_BLOCK_ELEMENTS
 
 __all__ = [
@@ -191,18 +191,26 @@ def _ge_counts(hist: np.ndarray) -> np.ndarray:
 
 
 def measure_rates(
-    query_emb, doc_emb, query_ids, doc_ids, grid_size: int = DEFAULT_GRID, block_size: int | None = None
+    query_emb,
+    doc_emb,
+    query_ids,
+    doc_ids,
+    grid_size: int = DEFAULT_GRID,
+    block_size: int | None = None,
+    positives=None,
 ) -> ScoreRates:
     """Counts and design effects of both rates at ``grid_size`` candidate thresholds, over every query x
     document pair of a calibration split (positive iff the ids are equal), streamed in row blocks.
 
     Query units are the distinct query ids (the captions of one image), gallery units the documents.
     Scores are the float32 products of row blocks ``Q[r0:r1] D^T``, as ``global_pr_auc`` makes them.
+    ``positives``: the relevant pairs ``(rows, cols)`` instead of id equality (queries relevant to several
+    documents); ``query_ids`` then only name the query units, which must hold every positive pair of a document.
     """
     q, d, qids, dids = check_pair(query_emb, doc_emb, query_ids, doc_ids)
     dt = np.ascontiguousarray(d.T)
     rows = block_rows(block_size, len(d), DEFAULT_BLOCK_ELEMENTS)
-    return _rates(lambda r0, r1: q[r0:r1] @ dt, len(q), len(d), qids, dids, grid_size, rows)
+    return _rates(lambda r0, r1: q[r0:r1] @ dt, len(q), len(d), qids, dids, grid_size, rows, positives)
 
 
 def rates_from_scores(scores, query_ids, doc_ids, grid_size: int = DEFAULT_GRID) -> ScoreRates:
@@ -216,12 +224,15 @@ def rates_from_scores(scores, query_ids, doc_ids, grid_size: int = DEFAULT_GRID)
     return _rates(lambda r0, r1: s[r0:r1], s.shape[0], s.shape[1], qids, dids, grid_size, s.shape[0])
 
 
-def _rates(block, n: int, m: int, qids, dids, grid_size: int, rows: int) -> ScoreRates:
+def _rates(block, n: int, m: int, qids, dids, grid_size: int, rows: int, positives=None) -> ScoreRates:
     """Two passes over the score blocks ``block(r0, r1)``: the positives' scores (the candidates), then every
     score's position among the candidates, per query row and per document."""
     if int(grid_size) < 1:
         raise ValueError(f"grid_size must be at least 1, got {grid_size}")
-    pos_rows, pos_cols = required_positive_pairs(qids, dids, "measure_rates")
+    if positives is None:
+        pos_rows, pos_cols = required_positive_pairs(qids, dids, "measure_rates")
+    else:
+        pos_rows, pos_cols = check_positives(positives, n, m, "measure_rates")
     starts = np.searchsorted(pos_rows, np.arange(0, n + rows, rows))
     blocks = [(r0, min(n, r0 + rows), starts[b], starts[b + 1]) for b, r0 in enumerate(range(0, n, rows))]
 

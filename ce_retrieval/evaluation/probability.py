@@ -42,7 +42,7 @@ import dataclasses
 import numpy as np
 from sklearn.isotonic import isotonic_regression
 
-from ce_retrieval.evaluation._arrays import block_rows, check_pair
+from ce_retrieval.evaluation._arrays import block_rows, check_pair, check_positives, relevance_block
 from ce_retrieval.evaluation.proper_scores import ProperScores
 
 __all__ = [
@@ -146,27 +146,39 @@ def fit_scores(scores, relevant, weights=None) -> ProbabilityMap:
     return _fit_points(u, np.bincount(inv, w * y, len(u)), np.bincount(inv, w, len(u)))
 
 
-def _pair_blocks(q, d, qids, dids, block_size):
-    """``(r0, r1, scores [r, M] float32, relevant [r, M] bool)`` for row blocks of the query x document pairs."""
+def _pair_blocks(q, d, qids, dids, block_size, positives=None):
+    """``(r0, r1, scores [r, M] float32, relevant [r, M] bool)`` for row blocks of the query x document pairs
+    (relevant: equal ids, or the given ``positives`` as ``_arrays.check_positives`` returns them)."""
     rows = block_rows(block_size, len(d), DEFAULT_BLOCK_ELEMENTS)
     dt = np.ascontiguousarray(d.T)
     for r0 in range(0, len(q), rows):
         r1 = min(len(q), r0 + rows)
-        yield r0, r1, q[r0:r1] @ dt, qids[r0:r1, None] == dids[None, :]
+        rel = qids[r0:r1, None] == dids[None, :] if positives is None else relevance_block(positives, r0, r1, len(d))
+        yield r0, r1, q[r0:r1] @ dt, rel
 
 
 def fit_probability_map(
-    query_emb, doc_emb, query_ids, doc_ids, num_bins: int = DEFAULT_BINS, block_size: int | None = None
+    query_emb,
+    doc_emb,
+    query_ids,
+    doc_ids,
+    num_bins: int = DEFAULT_BINS,
+    block_size: int | None = None,
+    positives=None,
 ) -> ProbabilityMap:
     """P(relevant | score) fitted by isotonic regression on every query x document pair of a split (usually the
-    validation split the thresholds are calibrated on), pooled in ``num_bins`` score bins over [-1, 1]."""
+    validation split the thresholds are calibrated on), pooled in ``num_bins`` score bins over [-1, 1].
+    ``positives``: the relevant pairs ``(rows, cols)`` instead of id equality (queries relevant to several
+    documents)."""
     q, d, qids, dids = check_pair(query_emb, doc_emb, query_ids, doc_ids)
     if int(num_bins) < 2:
         raise ValueError(f"num_bins must be at least 2, got {num_bins}")
+    if positives is not None:
+        positives = check_positives(positives, len(q), len(d), "fit_probability_map")
     count = np.zeros(num_bins)
     pos = np.zeros(num_bins)
     total = np.zeros(num_bins)
-    for _, _, s, rel in _pair_blocks(q, d, qids, dids, block_size):
+    for _, _, s, rel in _pair_blocks(q, d, qids, dids, block_size, positives):
         b = np.clip(((s.reshape(-1) + 1.0) * (num_bins / 2.0)).astype(np.int64), 0, num_bins - 1)
         count += np.bincount(b, minlength=num_bins)
         pos += np.bincount(b, rel.reshape(-1), minlength=num_bins)

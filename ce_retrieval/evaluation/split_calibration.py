@@ -111,12 +111,15 @@ def calibrate_split(
     delta: float = DEFAULT_DELTA,
     relevant_per_query: float | None = None,
     source: dict | None = None,
+    positives=None,
 ) -> Calibration:
-    """Calibrates on every query x document pair of a labelled split (positive iff the ids are equal)."""
+    """Calibrates on every query x document pair of a labelled split (positive iff the ids are equal, or the
+    pairs ``positives = (rows, cols)``: queries relevant to several documents; ``query_ids`` then only group the
+    queries into units for the clustered bounds, see ``guarantee.measure_rates``)."""
     if not 0.0 < float(delta) < 1.0:
         raise ValueError(f"delta must be in (0, 1), got {delta}")
-    rates = measure_rates(query_emb, doc_emb, query_ids, doc_ids)
-    pmap = fit_probability_map(query_emb, doc_emb, query_ids, doc_ids)
+    rates = measure_rates(query_emb, doc_emb, query_ids, doc_ids, positives=positives)
+    pmap = fit_probability_map(query_emb, doc_emb, query_ids, doc_ids, positives=positives)
     cal = Calibration(rates, pmap, tuple(float(p) for p in levels), float(delta), relevant_per_query, source or {})
     guaranteed_thresholds(rates, cal.levels, cal.delta, None, relevant_per_query)  # bad levels / r fail here
     return cal

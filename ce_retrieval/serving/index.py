@@ -142,7 +142,7 @@ def _tune_leaves(searcher, queries: np.ndarray, exact_rows: np.ndarray, p: Index
     return best["leaves_to_search"], best["reorder_num_neighbors"], best["recall_at_10"], table
 
 
-def _tune_threshold_search(
+def tune_threshold_search(
     searcher,
     x: np.ndarray,
     partitions: BallPartitions,
@@ -307,7 +307,7 @@ def write_index_folder(
             "tuning": table,
         }
         params_out = dataclasses.asdict(p)
-        threshold_info = _tune_threshold_search(
+        threshold_info = tune_threshold_search(
             searcher, x, partitions, params_out, q, source, thresholds_out["threshold_at_precision"], target_set_recall
         )
     else:

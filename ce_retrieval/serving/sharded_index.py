@@ -249,7 +249,7 @@ def build_sharded_index(
             "shards": [_shard_entry(task["name"], built[task["name"]]) for task in tasks],
             "brute_force_below": brute_force_below,
             "workers": workers,
-            "threshold_search": _threshold_search_block([built[task["name"]] for task in tasks]),
+            "threshold_search": threshold_search_summary([built[task["name"]] for task in tasks]),
             "thresholds": thresholds_out,
             "gallery": gallery_info or {},
         }
@@ -324,7 +324,7 @@ def _write_shard_inputs(
     return tasks
 
 
-def _threshold_search_block(built: list[dict]) -> dict:
+def threshold_search_summary(built: list[dict]) -> dict:
     """How the shards answer threshold queries: each runs its own search (approximate where its build measured the
     set recall target, else exact) and the union is exact over what they return, so the merged set recall is at
     least the lowest shard's (it is the hit-weighted mean of theirs)."""
