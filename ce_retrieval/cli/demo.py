@@ -79,7 +79,7 @@ def run(args) -> int:
     print(f"[demo] exported version {paths.version}: {paths.text_encoder}, {paths.image_encoder}")
 
     _stage(step + 2, stages, "index", "ScaNN index of the test gallery, thresholds calibrated on the validation split")
-    index_test_gallery(model, test, val, export_dir, paths.version)
+    index_test_gallery(model, test, val, report, export_dir, paths.version)
 
     _stage(
         step + 3,
@@ -133,6 +133,8 @@ def evaluate(cfg, model, base_cfg, workdir: str, eval_dir: str):
             config=configs.to_dict(run_cfg),
             batch_size=cfg.evaluation.batch_size,
             calibration_split=val,
+            precision_levels=cfg.evaluation.precision_levels,
+            delta=cfg.evaluation.delta,
         )
         for name, (m, run_cfg, out) in runs.items()
     }
@@ -143,42 +145,58 @@ def evaluate(cfg, model, base_cfg, workdir: str, eval_dir: str):
     return test, val, reports
 
 
-def index_test_gallery(model, test, val, export_dir: str, version: int) -> dict:
+def index_test_gallery(model, test, val, report: dict, export_dir: str, version: int) -> dict:
     """The index stage: the test images embedded with the trained image tower, indexed next to export
-    ``version``, with thresholds and the score -> P(relevant) map calibrated on the validation split."""
-    from ce_retrieval.evaluation.calibration import global_pr_auc
+    ``version``, with the calibration the evaluation made on the validation split (``report``'s
+    ``calibration_split.split_calibration``: guaranteed and estimated thresholds and the P(relevant) map, derived
+    by the index for its own gallery size)."""
     from ce_retrieval.evaluation.embed import embed_split, embed_strings
-    from ce_retrieval.evaluation.probability import fit_probability_map
+    from ce_retrieval.evaluation.split_calibration import Calibration
     from ce_retrieval.serving.index import build_index
 
-    val_q, val_d, val_qids, val_dids = embed_split(model.text_encoder, model.image_encoder, val)
-    calibration = global_pr_auc(val_q, val_d, val_qids, val_dids)
-    probability = fit_probability_map(val_q, val_d, val_qids, val_dids).to_json()
+    calibration = Calibration.from_json(report["calibration_split"]["split_calibration"])
+    val_q = embed_split(model.text_encoder, model.image_encoder, val)[0]
     gallery, gallery_ids = embed_strings(model.image_encoder, test.images), test.image_ids
     manifest = build_index(
         gallery,
         gallery_ids,
         export_dir,
         version=version,
-        thresholds=calibration,
+        calibration=calibration,
         queries=val_q,
         gallery_info={"split": "test"},
-        probability=probability,
     )
     print(index_line(manifest))
     return manifest
 
 
 def index_line(manifest: dict) -> str:
-    """What the index stage prints: size, the threshold per precision level (not the probability map's knots) and
-    the ANN recall@10 measured at build time (``manifest["ann"]["recall_at_10"]``)."""
-    taus = (manifest.get("thresholds") or {}).get("threshold_at_precision") or {}
-    levels = ", ".join(f"{level} -> {tau:.3f}" for level, tau in sorted(taus.items(), key=lambda kv: float(kv[0])))
+    """What the index stage prints: size, the ANN recall@10 measured at build time (``manifest["ann"]
+    ["recall_at_10"]``) and per precision level the guaranteed threshold (or that it is refused) and the estimate
+    (not the probability map's knots)."""
+    block = manifest.get("thresholds") or {}
+    estimated = block.get("threshold_at_precision") or {}
+    promise = block.get("guaranteed") or {}
     recall = (manifest.get("ann") or {}).get("recall_at_10")
-    return (
-        f"[demo] index: {manifest.get('num_items')} images ({manifest.get('kind')}), thresholds per precision "
-        f"{{{levels or 'none reached'}}}, ANN recall@10 {'-' if recall is None else f'{recall:.3f}'}"
+    head = (
+        f"[demo] index: {manifest.get('num_items')} images ({manifest.get('kind')}), "
+        f"ANN recall@10 {'-' if recall is None else f'{recall:.3f}'}"
     )
+    if not promise:
+        levels = ", ".join(f"{k} -> {t:.3f}" for k, t in sorted(estimated.items(), key=lambda kv: float(kv[0])))
+        return head + f", thresholds per precision (estimates) {{{levels or 'none reached'}}}"
+    lines = [head + f"; thresholds per precision, guaranteed with confidence {promise['confidence']:g}:"]
+    for level, entry in sorted(promise["levels"].items(), key=lambda kv: float(kv[0])):
+        est = estimated.get(level)
+        est_text = f"estimate {est:.3f}" if est is not None else "no estimate"
+        if entry.get("threshold") is None:
+            best = entry.get("best_precision_lower_bound", 0.0)
+            lines.append(f"  {level}: refused (certified at most {best:.2f} on this gallery); {est_text}")
+        else:
+            lines.append(
+                f"  {level}: {entry['threshold']:.3f} (precision >= {entry['precision_lower_bound']:.2f}); {est_text}"
+            )
+    return "\n".join(lines)
 
 
 def query_service(export_dir: str, test, captions: list[str]) -> None:
@@ -196,20 +214,30 @@ def query_service(export_dir: str, test, captions: list[str]) -> None:
         reply.raise_for_status()
         for item in reply.json()["results"]:
             _print_hits(item, truth)
-        thresholds = Searcher.load(export_dir).thresholds
-        if not thresholds:
-            print("\n[demo] no precision level was reached on the validation split, so no calibrated threshold exists")
+        searcher = Searcher.load(export_dir)
+        if not searcher.offered_precisions:
+            print("\n[demo] the index has no calibrated precision levels")
             return
-        print("\n[demo] threshold relevancy: every image above the score calibrated on val for a precision level")
-        for level in sorted(thresholds):
-            reply = httpx.post(url + "/search", json={"texts": captions, "precision": level}, timeout=120)
+        print(
+            "\n[demo] threshold relevancy: every image above the threshold guaranteed for a precision level "
+            "(with the index's confidence), or, where refused, the point estimate"
+        )
+        for level in searcher.offered_precisions:
+            guaranteed = searcher.guaranteed_thresholds.get(level) is not None
+            reply = httpx.post(
+                url + "/search", json={"texts": captions, "precision": level, "guarantee": guaranteed}, timeout=120
+            )
+            if reply.status_code == 422:  # not even an estimate reaches this level
+                print(f"  precision {level:g}: {reply.json()['error']}")
+                continue
             reply.raise_for_status()
-            results = reply.json()["results"]
-            counts = [r["num_hits"] for r in results]
-            found = sum(truth.get(r["text"]) in {h["id"] for h in r["hits"]} for r in results)
+            body = reply.json()
+            counts = [r["num_hits"] for r in body["results"]]
+            found = sum(truth.get(r["text"]) in {h["id"] for h in r["hits"]} for r in body["results"])
+            kind = "guaranteed" if guaranteed else "refused; estimate"
             print(
-                f"  precision {level:g} (tau = {thresholds[level]:.3f}): images returned per query {counts}, "
-                f"true image among them for {found} of {len(results)} queries"
+                f"  precision {level:g} ({kind}, tau = {body['threshold']:.3f}): images returned per query {counts}, "
+                f"true image among them for {found} of {len(counts)} queries"
             )
 
 
@@ -274,6 +302,12 @@ SIDE_BY_SIDE_ROWS = [
     ("  recall at that threshold (%)", "achieved_recall_0.5", True),
     ("precision at the val threshold for 0.8 (%)", "achieved_precision_0.8", True),
     ("precision at the val threshold for 0.9 (%)", "achieved_precision_0.9", True),
+    ("recall at guaranteed precision 0.5 (%)", "guaranteed_recall_0.5", True),
+    ("  precision achieved there (%)", "guaranteed_precision_0.5", True),
+    ("recall at guaranteed precision 0.8 (%)", "guaranteed_recall_0.8", True),
+    ("  precision achieved there (%)", "guaranteed_precision_0.8", True),
+    ("recall at guaranteed precision 0.9 (%)", "guaranteed_recall_0.9", True),
+    ("  precision achieved there (%)", "guaranteed_precision_0.9", True),
     ("mean |achieved - promised| (points)", "mean_calibration_error", True),
     ("relative spread of per-query thresholds", "relative_threshold_spread", False),
     ("P(relevant | score) map: Brier skill (%)", "probability_brier_skill", True),

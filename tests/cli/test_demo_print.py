@@ -16,12 +16,34 @@ def test_index_line_prints_thresholds_per_precision_and_the_measured_ann_recall(
     }
     line = demo.index_line(manifest)
     assert line == (
-        "[demo] index: 500 images (scann), thresholds per precision {0.5 -> 0.828, 0.8 -> 0.890, 0.9 -> 0.912}, "
-        "ANN recall@10 0.987"
+        "[demo] index: 500 images (scann), ANN recall@10 0.987, thresholds per precision (estimates) "
+        "{0.5 -> 0.828, 0.8 -> 0.890, 0.9 -> 0.912}"
     )
     assert "knots" not in line and "None" not in line
     bare = demo.index_line({"num_items": 3, "kind": "brute_force", "ann": {"recall_at_10": 1.0}, "thresholds": {}})
-    assert "thresholds per precision {none reached}" in bare and "ANN recall@10 1.000" in bare
+    assert "(estimates) {none reached}" in bare and "ANN recall@10 1.000" in bare
+
+
+def test_index_line_prints_the_guaranteed_thresholds_and_refusals():
+    manifest = {
+        "num_items": 500,
+        "kind": "scann",
+        "ann": {"recall_at_10": 0.99},
+        "thresholds": {
+            "threshold_at_precision": {"0.5": 0.8, "0.9": 0.9},
+            "guaranteed": {
+                "confidence": 0.9,
+                "levels": {
+                    "0.5": {"threshold": 0.85, "precision_lower_bound": 0.61},
+                    "0.9": {"threshold": None, "refused": "...", "best_precision_lower_bound": 0.72},
+                },
+            },
+        },
+    }
+    lines = demo.index_line(manifest).split("\n")
+    assert lines[0].endswith("guaranteed with confidence 0.9:")
+    assert lines[1] == "  0.5: 0.850 (precision >= 0.61); estimate 0.800"
+    assert lines[2] == "  0.9: refused (certified at most 0.72 on this gallery); estimate 0.900"
 
 
 def test_side_by_side_lists_the_figures_that_separate_the_maps():
@@ -42,3 +64,4 @@ def test_side_by_side_lists_the_figures_that_separate_the_maps():
     pairs = next(line for line in lines if "pairs predicted >= 0.9" in line)
     assert pairs.split()[-2:] == ["1,234", "-"]
     assert any("per-query error where p >= 0.1" in line and "12.0" in line for line in lines)
+    assert any("recall at guaranteed precision 0.8" in line for line in lines)

@@ -48,7 +48,7 @@ def test_demo_runs_every_stage(tmp_path):
     ):
         assert stage in out
     assert "calibration, side by side" in out and "SampledSoftmax" in out and "CrossExampleSoftmax" in out
-    assert "P(relevant | score) map: Brier skill" in out and "thresholds per precision {" in out
+    assert "P(relevant | score) map: Brier skill" in out and "thresholds per precision" in out
     assert (workdir / "eval" / "calibration_side_by_side.png").stat().st_size > 10_000
     baseline = json.loads((workdir / "eval" / "baseline" / "eval_test.json").read_text())
     assert baseline["run_name"] == "SampledSoftmax" and baseline["config"]["loss"]["name"] == "SampledSoftmax"
@@ -65,4 +65,8 @@ def test_demo_runs_every_stage(tmp_path):
     assert (workdir / "record.md").exists() and "[demo] record:" in out
     manifest = json.loads((workdir / "export" / "index" / "1" / "manifest.json").read_text())
     assert manifest["thresholds"]["probability"]["format"] == "isotonic/1"
+    promise = manifest["thresholds"]["guaranteed"]  # the evaluation's calibration, derived for this gallery
+    assert promise["delta"] == 0.1 and promise["gallery_size"] == manifest["num_items"]
+    assert set(promise["levels"]) == {"0.5", "0.8", "0.9"} and "threshold relevancy: every image above" in out
+    assert "guaranteed_recall_0.5" in report["summary"] and report["metrics"]["promises"]["gallery_size"] > 0
     assert report["metrics"]["probability"]["ece"] is not None
