@@ -28,6 +28,7 @@ its p-value) and ``<family>.png``; with ``--analyse`` also ``analysis.md`` / ``a
     python benchmarks/calibration_suite.py --regimes heads       # the converged regime only (cheap)
     python benchmarks/calibration_suite.py --quick --out /tmp/cs --results /tmp/cs/results   # smoke (< 1 min)
     python benchmarks/calibration_suite.py --analyse             # part 3's evidence from the runs on disk
+    python benchmarks/calibration_suite.py --promise_distractors 50000   # + what guarantee_coverage.py reads
 """
 
 from __future__ import annotations
@@ -130,12 +131,20 @@ def _family(plan: Plan, family: str, out: str):
     return folder, build_family(family, folder, plan.size)
 
 
-def _save_run(path: str, doc: dict, embeddings) -> None:
+def _save_run(path: str, doc: dict, result: dict) -> None:
+    """The run's JSON and its embeddings (float16): test (``q``, ``d`` and ids), val (``val_*``) and the promise
+    distractors (``promise_d``) when the run has them."""
     import numpy as np
 
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    q, d, qi, di = embeddings
-    np.savez(path[:-5] + ".tmp.npz", q=q.astype(np.float16), d=d.astype(np.float16), q_ids=qi, d_ids=di)
+    q, d, qi, di = result["embeddings"]
+    arrays = {"q": q.astype(np.float16), "d": d.astype(np.float16), "q_ids": qi, "d_ids": di}
+    if result.get("val_embeddings") is not None:
+        vq, vd, vqi, vdi = result["val_embeddings"]
+        arrays.update(val_q=vq.astype(np.float16), val_d=vd.astype(np.float16), val_q_ids=vqi, val_d_ids=vdi)
+    if result.get("promise_distractors") is not None:
+        arrays["promise_d"] = np.asarray(result["promise_distractors"]).astype(np.float16)
+    np.savez(path[:-5] + ".tmp.npz", **arrays)
     os.replace(path[:-5] + ".tmp.npz", path[:-5] + ".npz")
     with open(path + ".tmp", "w") as f:
         json.dump(doc, f)
@@ -217,7 +226,13 @@ def run_scratch(plan: Plan, family: str, label: str, objective, seed: int, out: 
     _, model = load_trained(model_dir)
     val = embed_split(model.text_encoder, model.image_encoder, data.load_retrieval_split(cfg.data, "val"))
     test = embed_split(model.text_encoder, model.image_encoder, data.load_retrieval_split(cfg.data, "test"))
-    result = heads.evaluate_arrays(val, test, embed_strings(model.image_encoder, distractors))
+    recall_distractors, promise_distractors = distractors
+    result = heads.evaluate_arrays(
+        val,
+        test,
+        embed_strings(model.image_encoder, recall_distractors),
+        None if promise_distractors is None else embed_strings(model.image_encoder, promise_distractors),
+    )
     history = summary["history"]
     epochs = len(history.get("val_pr_auc", []))
     result["curve"] = {
@@ -298,14 +313,20 @@ def run_plan(plan: Plan, out: str, recipe=None, rerun: bool = False, log=print) 
                                 plan.scratch_overrides,
                             )
                         else:
-                            state = family_distractors(
-                                family, plan.pretrain.num_distractors, plan.size.seed, plan.size.image_size
+                            extra = plan.pretrain.num_promise_distractors
+                            state = (
+                                family_distractors(
+                                    family, plan.pretrain.num_distractors, plan.size.seed, plan.size.image_size
+                                ),
+                                family_distractors(family, extra, plan.size.seed + 1, plan.size.image_size)
+                                if extra
+                                else None,
                             )
                     if regime == "heads":
                         doc, result = run_heads(plan, family, label, objective, seed, state)
                     else:
                         doc, result = run_scratch(plan, family, label, objective, seed, out, data_cfg, state)
-                    _save_run(path, doc, result["embeddings"])
+                    _save_run(path, doc, result)
                     s = doc["summary"]
                     log(
                         f"[suite] {regime}/{family}/{label} seed {seed}: PR-AUC {100 * s['pr_auc']:.2f}, "
@@ -328,6 +349,12 @@ def main(argv=None) -> int:
     parser.add_argument("--scratch_objectives", nargs="*", default=None, help="scratch-regime objectives")
     parser.add_argument("--seeds", type=int, default=None)
     parser.add_argument("--heads_steps", type=int, default=None)
+    parser.add_argument(
+        "--promise_distractors",
+        type=int,
+        default=None,
+        help="save N more distractor embeddings per run for guarantee_coverage.py (100x the test gallery: 50000)",
+    )
     parser.add_argument("--recipe", default=None, help='JSON: {"loss": name, "kwargs": {...}, "regularizer": name}')
     parser.add_argument("--rerun", action="store_true", help="train again where a run's JSON exists")
     parser.add_argument("--analyse", action="store_true", help="also write part 3's evidence (calibration_analysis)")
@@ -342,6 +369,10 @@ def main(argv=None) -> int:
         "heads_steps": args.heads_steps,
     }
     plan = dataclasses.replace(plan, **{k: v for k, v in changes.items() if v is not None})
+    if args.promise_distractors is not None:
+        plan = dataclasses.replace(
+            plan, pretrain=dataclasses.replace(plan.pretrain, num_promise_distractors=args.promise_distractors)
+        )
     recipe = so.recipe_objective(json.loads(args.recipe)) if args.recipe else None
     print(f"[suite] plan: {plan}\n[suite] estimated {plan.estimate_minutes():.0f} min on 2 idle cores", flush=True)
     start, loads = time.perf_counter(), []

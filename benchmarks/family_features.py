@@ -36,6 +36,8 @@ class PretrainConfig:
     pretrain_batch: int = 128
     pretrain_seed: int = 0
     num_distractors: int = 500
+    # extra distractors of the family for the precision promises at 10x / 100x the test gallery (guarantee_coverage)
+    num_promise_distractors: int = 0
 
 
 def _towers(data_cfg, cache_dir: str, overrides=()):
@@ -103,6 +105,13 @@ def build_family_features(
     out["distractor_image"] = _embed(
         image, family_distractors(family, pc.num_distractors, seed=size["seed"], image_size=size["image_size"])
     )
+    if pc.num_promise_distractors:
+        out["promise_distractor_image"] = _embed(
+            image,
+            family_distractors(
+                family, pc.num_promise_distractors, seed=size["seed"] + 1, image_size=size["image_size"]
+            ),
+        )
     np.savez(path + ".tmp.npz", **out)
     os.replace(path + ".tmp.npz", path)
     with open(meta_path + ".tmp", "w") as f:

@@ -52,24 +52,40 @@ def quick_metrics(features: dict, text_head, image_head, split: str = "test") ->
     return {"pr_auc": global_pr_auc(q, d, qi, di)["pr_auc"], "t2i_r1": recall_at_k(q, d, qi, di, ks=(1,))["t2i"][1]}
 
 
-def evaluate_arrays(val: tuple, test: tuple, distractors=None) -> dict:
+def evaluate_arrays(val: tuple, test: tuple, distractors=None, promise_distractors=None) -> dict:
     """Every figure of the table from ``(q, d, q_ids, d_ids)`` embeddings of val and test: ``evaluate_embeddings``
-    on test, with thresholds calibrated on val (the precision levels of ``RELIABILITY_LEVELS``)."""
+    on test, with thresholds calibrated on val (the precision levels of ``RELIABILITY_LEVELS``) and the guaranteed
+    thresholds of ``calibrate_split`` on val checked there (recall at guaranteed precision). The result keeps the
+    embeddings of test, val and ``promise_distractors`` (for ``guarantee_coverage.py``)."""
     from ce_retrieval.evaluation import global_pr_auc
     from ce_retrieval.evaluation.evaluate import evaluate_embeddings, summary
+    from ce_retrieval.evaluation.split_calibration import calibrate_split
     from ce_retrieval.evaluation.transfer import RELIABILITY_LEVELS
 
     thresholds = global_pr_auc(*val, target_precisions=RELIABILITY_LEVELS)["threshold_at_precision"]
-    metrics = evaluate_embeddings(*test, distractor_emb=distractors, calibration_thresholds=thresholds)
-    return {"summary": summary(metrics), "metrics": metrics, "embeddings": test}
+    metrics = evaluate_embeddings(
+        *test,
+        distractor_emb=distractors,
+        calibration_thresholds=thresholds,
+        split_calibration=calibrate_split(*val, source={"split": "val"}),
+    )
+    return {
+        "summary": summary(metrics),
+        "metrics": metrics,
+        "embeddings": test,
+        "val_embeddings": val,
+        "promise_distractors": promise_distractors,
+    }
 
 
 def full_metrics(features: dict, text_head, image_head) -> dict:
     """Every figure of the table: :func:`evaluate_arrays` of the heads' embeddings."""
+    promise = features.get("promise_distractor_image")
     return evaluate_arrays(
         embed(features, text_head, image_head, "val"),
         embed(features, text_head, image_head, "test"),
         image_head(features["distractor_image"]).numpy(),
+        None if promise is None else image_head(promise).numpy(),
     )
 
 

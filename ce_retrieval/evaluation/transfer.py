@@ -43,6 +43,7 @@ __all__ = [
     "RELIABILITY_LEVELS",
     "SUMMARY_LEVELS",
     "calibration_summary",
+    "counts_at_thresholds",
     "per_query_thresholds",
     "reliability_curve",
     "threshold_transfer",
@@ -123,6 +124,37 @@ def _blocks(n: int, rows: int, pos_rows: np.ndarray):
     return [(r0, min(n, r0 + rows), int(starts[b]), int(starts[b + 1])) for b, r0 in enumerate(range(0, n, rows))]
 
 
+def _counts(cuts: np.ndarray, q, d, rows: int, pos_rows, pos_cols) -> tuple[np.ndarray, np.ndarray]:
+    """``(#{s >= cuts[j]}, #{relevant s >= cuts[j]})`` for ascending float32 ``cuts``, in one pass of row blocks."""
+    k = len(cuts)
+    all_hist = np.zeros(k + 1, np.int64)  # all_hist[i]: scores s with #{cuts <= s} == i
+    pos_hist = np.zeros(k + 1, np.int64)
+    if k:
+        dt = np.ascontiguousarray(d.T)
+        for r0, r1, a, z in _blocks(len(q), rows, pos_rows):
+            s = q[r0:r1] @ dt  # the same float32 products as global_pr_auc's row blocks
+            all_hist += np.bincount(np.searchsorted(cuts, s.reshape(-1), side="right"), minlength=k + 1)
+            if z > a:
+                pos = s[pos_rows[a:z] - r0, pos_cols[a:z]]
+                pos_hist += np.bincount(np.searchsorted(cuts, pos, side="right"), minlength=k + 1)
+    # #{s >= cuts[j]} = #{i > j} in the histograms: suffix sums from j + 1.
+    return np.cumsum(all_hist[::-1])[::-1][1:], np.cumsum(pos_hist[::-1])[::-1][1:]
+
+
+def counts_at_thresholds(
+    thresholds, query_emb, doc_emb, query_ids, doc_ids, block_size: int | None = None
+) -> dict[float, tuple[int, int]]:
+    """``{t: (pairs with s >= t, relevant pairs with s >= t)}`` for many thresholds in one exact pass over the
+    split's pairs (what :func:`threshold_transfer` counts per level; for studies that check many thresholds)."""
+    q, d, qids, dids = check_pair(query_emb, doc_emb, query_ids, doc_ids)
+    pos_rows, pos_cols = required_positive_pairs(qids, dids, "counts_at_thresholds")
+    wanted = [float(t) for t in thresholds]
+    cuts = np.unique(np.array([_float32_ceil(t) for t in wanted], np.float32))
+    all_ge, pos_ge = _counts(cuts, q, d, block_rows(block_size, len(d), DEFAULT_BLOCK_ELEMENTS), pos_rows, pos_cols)
+    at = {float(c): (int(a), int(p)) for c, a, p in zip(cuts, all_ge, pos_ge, strict=True)}
+    return {t: at[float(_float32_ceil(t))] for t in wanted}
+
+
 def threshold_transfer(thresholds, query_emb, doc_emb, query_ids, doc_ids, block_size: int | None = None) -> dict:
     """The precision each calibrated threshold achieves on this split, counted exactly over all pairs.
 
@@ -149,20 +181,7 @@ def threshold_transfer(thresholds, query_emb, doc_emb, query_ids, doc_ids, block
     num_pos = len(pos_rows)
 
     cuts = np.unique(np.array([_float32_ceil(t) for _, _, t in levels if t is not None], np.float32))
-    k = len(cuts)
-    all_hist = np.zeros(k + 1, np.int64)  # all_hist[i]: scores s with #{cuts <= s} == i
-    pos_hist = np.zeros(k + 1, np.int64)
-    if k:
-        dt = np.ascontiguousarray(d.T)
-        for r0, r1, a, z in _blocks(n, rows, pos_rows):
-            s = q[r0:r1] @ dt  # the same float32 products as global_pr_auc's row blocks
-            all_hist += np.bincount(np.searchsorted(cuts, s.reshape(-1), side="right"), minlength=k + 1)
-            if z > a:
-                pos = s[pos_rows[a:z] - r0, pos_cols[a:z]]
-                pos_hist += np.bincount(np.searchsorted(cuts, pos, side="right"), minlength=k + 1)
-    # #{s >= cuts[j]} = #{i > j} in the histograms: suffix sums from j + 1.
-    all_ge = np.cumsum(all_hist[::-1])[::-1][1:]
-    pos_ge = np.cumsum(pos_hist[::-1])[::-1][1:]
+    all_ge, pos_ge = _counts(cuts, q, d, rows, pos_rows, pos_cols)
 
     out_levels: dict[str, dict | None] = {}
     errors = []

@@ -21,7 +21,8 @@ def _registered(name):
 def test_quick_plan_writes_tables_plots_and_analysis(tmp_path):
     suite = load_benchmark("calibration_suite")
     results = tmp_path / "results"
-    assert suite.main(["--quick", "--out", str(tmp_path), "--results", str(results), "--analyse"]) == 0
+    args = ["--quick", "--out", str(tmp_path), "--results", str(results), "--analyse", "--promise_distractors", "80"]
+    assert suite.main(args) == 0
     md = (results / "suite.md").read_text()
     for regime in ("heads", "scratch"):
         assert f"## {regime} regime, digits" in md
@@ -42,6 +43,19 @@ def test_quick_plan_writes_tables_plots_and_analysis(tmp_path):
     analysis = (results / "analysis.md").read_text()
     assert "## heads regime, digits" in analysis and "## scratch regime, digits" in analysis
     assert "fits-aware R@1" in analysis and "Against steps" in analysis
+    # every run keeps what the coverage study reads; the study runs on them (#29 part 2)
+    with np.load(tmp_path / "runs" / "heads" / "digits" / "CE-seed0.npz") as z:
+        assert {"val_q", "val_d", "promise_d"} <= set(z.files) and len(z["promise_d"]) == 80
+    assert "guaranteed_recall_0.5" in ce_doc_summary(tmp_path)
+    coverage = load_benchmark("guarantee_coverage")
+    assert coverage.main(["--runs", str(tmp_path), "--results", str(results), "--resamples", "2"]) == 0
+    cov = json.loads((results / "guarantee_coverage.json").read_text())
+    assert cov["num_runs"] == len(record["runs"]) and {t["multiplier"] for t in cov["totals"]} == {1, 10}
+    assert "## Totals" in (results / "guarantee_coverage.md").read_text()
+
+
+def ce_doc_summary(out):
+    return json.loads((out / "runs" / "heads" / "digits" / "CE-seed0.json").read_text())["summary"]
 
 
 def _doc(name, seed, **summary):
