@@ -3,7 +3,9 @@
 Each cell is the mean ± sample sd over seeds; for every objective other than SS, the paired difference to SS
 (mean over seeds of objective − SS, same seed) and its two-sided paired t-test p-value
 (``ce_retrieval.evaluation.report.paired_difference``, ``scipy.stats.ttest_rel``). Figures are percentages
-except OPIS (as measured, ×100). A column that no run has (e.g. OPIS before the metric exists) says so.
+except OPIS (as measured, ×100). A column that no run has (e.g. OPIS before the metric exists) says so. Recall at
+guaranteed precision p: the test recall at the threshold guaranteed on val (confidence 0.9) for precision p on the
+test gallery, 0 where the level was refused (``evaluation.promise_check``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ COLUMNS = (
     ("recall @ val thr for P=0.5", "achieved_recall_0.5"),
     ("its achieved precision", "achieved_precision_0.5"),
     ("calibration error", "mean_calibration_error"),
+    ("recall @ guaranteed P≥0.5", "guaranteed_recall_0.5"),
+    ("recall @ guaranteed P≥0.8", "guaranteed_recall_0.8"),
+    ("recall @ guaranteed P≥0.9", "guaranteed_recall_0.9"),
     ("OPIS ×100", "opis"),
 )
 
