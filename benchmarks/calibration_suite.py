@@ -73,6 +73,11 @@ class Plan:
     scratch_steps_per_epoch: int = 100
     scratch_batch: int = 64
     scratch_overrides: tuple = ()  # extra "a.b=v" overrides of the demo config (the quick plan's tiny model)
+    # Independent draws of the frozen features (tower pretraining seeds 0..D-1): the heads regime's unit of variance
+    feature_draws: int = 1
+    # λ candidates: each objective with a fixed λ is trained at the one its validation figures (PR-AUC + t->i R@1,
+    # draw 0, seed 0) prefer; () keeps suite_objectives.SCALE. Learned temperatures (SigLIP) are not swept.
+    scales: tuple = ()
 
     def estimate_minutes(self) -> float:
         e = EST_SECONDS
@@ -171,11 +176,41 @@ def _doc(regime, family, label, objective, seed, result, seconds, extra) -> dict
     )
 
 
-def run_heads(plan: Plan, family: str, label: str, objective, seed: int, features) -> tuple[dict, dict]:
+def choose_scale(plan: Plan, objective, features: dict, seed: int = 0) -> tuple[float, list[dict]]:
+    """The λ of ``plan.scales`` whose heads score best on the validation split (PR-AUC + t->i R@1), and the sweep.
+
+    The test split is never read: the runs get the features without their ``test_*`` arrays."""
+    from benchmarks import heads
+
+    if not plan.scales or objective.learned_scale_bias:
+        return so.SCALE, []
+    val_only = {k: v for k, v in features.items() if not k.startswith("test_")}
+    sweep = []
+    for scale in plan.scales:
+        loss_fn, extra = so.heads_loss(objective, scale)
+        out = heads.train_heads(
+            val_only,
+            loss_fn,
+            seed=seed,
+            batch=min(plan.heads_batch, len(features["train_text_ids"])),
+            steps=plan.heads_steps,
+            eval_every=plan.heads_steps,
+            jit_compile=plan.jit_compile,
+            extra_variables=extra,
+            selection=True,
+        )
+        sweep.append({"scale": float(scale), **out["val"], "score": out["val"]["pr_auc"] + out["val"]["t2i_r1"]})
+    best = max(sweep, key=lambda r: r["score"])
+    return best["scale"], sweep
+
+
+def run_heads(
+    plan: Plan, family: str, label: str, objective, seed: int, features, scale: float = so.SCALE, draw: int = 0
+) -> tuple[dict, dict]:
     from benchmarks import heads
 
     t0 = time.perf_counter()
-    loss_fn, extra = so.heads_loss(objective)
+    loss_fn, extra = so.heads_loss(objective, scale)
     result = heads.train_heads(
         features,
         loss_fn,
@@ -187,7 +222,14 @@ def run_heads(plan: Plan, family: str, label: str, objective, seed: int, feature
         extra_variables=extra,
     )
     learned = {v.name.split(":")[0]: float(v.numpy()) for v in extra}
-    info = {"batch_size": plan.heads_batch, "steps": plan.heads_steps, "learned": learned}
+    info = {
+        "batch_size": plan.heads_batch,
+        "steps": plan.heads_steps,
+        "learned": learned,
+        "scale": None if objective.learned_scale_bias else scale,
+        "scales": list(plan.scales),
+        "feature_draw": draw,
+    }
     return _doc("heads", family, label, objective, seed, result, time.perf_counter() - t0, info), result
 
 
@@ -251,6 +293,8 @@ def _matches(doc: dict, plan: Plan, regime: str, objective) -> bool:
     train = doc["config"]["train"]
     if regime == "heads":
         wanted = (plan.heads_batch, plan.heads_steps)
+        if train.get("scales", []) != list(plan.scales):
+            return False
     else:
         wanted = (plan.scratch_batch, plan.scratch_epochs * plan.scratch_steps_per_epoch)
     return (train["batch_size"], train["steps"]) == wanted and doc["config"]["objective"] == json.loads(
@@ -271,11 +315,48 @@ def _objectives(names, recipe) -> dict:
     return out
 
 
-def run_plan(plan: Plan, out: str, recipe=None, rerun: bool = False, log=print) -> dict:
-    """Every run of the plan (cached per run JSON unless ``rerun``): ``{"runs": [doc...], "skipped": [...]}``."""
+def _regime_state(plan: Plan, regime: str, family: str, data_cfg, folder: str, out: str, draw: int, log):
+    """What a regime's runs share: the frozen features of feature draw ``draw`` (heads), or the distractor images
+    (scratch: recall distractors, promise distractors or None)."""
     from benchmarks.family_features import build_family_features
     from ce_retrieval.data.families import family_distractors
 
+    if regime == "heads":
+        cache = os.path.join(out, "features", family) + ("" if draw == 0 else f"-draw{draw}")
+        pretrain = dataclasses.replace(plan.pretrain, pretrain_seed=plan.pretrain.pretrain_seed + draw)
+        if draw:  # the coverage study reads draw 0's runs only
+            pretrain = dataclasses.replace(pretrain, num_promise_distractors=0)
+        return build_family_features(family, data_cfg, folder, pretrain, cache, log, plan.scratch_overrides)
+    extra = plan.pretrain.num_promise_distractors
+    return (
+        family_distractors(family, plan.pretrain.num_distractors, plan.size.seed, plan.size.image_size),
+        family_distractors(family, extra, plan.size.seed + 1, plan.size.image_size) if extra else None,
+    )
+
+
+def _scale_for(plan: Plan, out: str, family: str, label: str, objective, features, draw: int, log):
+    """λ for ``objective`` on ``family``: chosen once (draw 0, seed 0) on validation and cached in
+    ``<out>/scales/<family>/<label>.json``; the same for every draw and seed."""
+    path = os.path.join(out, "scales", family, f"{label}.json")
+    key = {"scales": list(plan.scales), "steps": plan.heads_steps, "batch": plan.heads_batch}
+    if os.path.exists(path):
+        with open(path) as f:
+            cached = json.load(f)
+        if cached.get("key") == key:
+            return cached["scale"], cached["sweep"]
+    if draw != 0:
+        raise RuntimeError(f"{family}/{label}: λ is chosen on feature draw 0 first")
+    scale, sweep = choose_scale(plan, objective, features)
+    if sweep:
+        log(f"[suite] {family}/{label}: λ {scale:g} chosen on val from {[r['scale'] for r in sweep]}")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump({"key": key, "scale": scale, "sweep": sweep}, f, indent=1)
+    return scale, sweep
+
+
+def run_plan(plan: Plan, out: str, recipe=None, rerun: bool = False, log=print) -> dict:
+    """Every run of the plan (cached per run JSON unless ``rerun``): ``{"runs": [doc...], "skipped": [...]}``."""
     docs, skipped = [], []
     for family in plan.families:
         folder, data_cfg = _family(plan, family, out)
@@ -285,55 +366,44 @@ def run_plan(plan: Plan, out: str, recipe=None, rerun: bool = False, log=print) 
             names = plan.heads_objectives if regime == "heads" else plan.scratch_objectives
             objectives = _objectives(names + ((so.RECIPE,) if recipe is not None else ()), recipe)
             base = _demo_config(plan, data_cfg, None, 0) if regime == "scratch" else None
-            state = None
-            for label, objective in objectives.items():
-                reason = so.unavailable(objective, regime, base)
-                if reason:
-                    line = f"{regime}/{family}/{label}: not available: {reason}"
-                    skipped.append({"regime": regime, "family": family, "objective": label, "reason": reason})
-                    log(f"[suite] {line}")
-                    continue
-                for seed in range(plan.seeds):
-                    path = os.path.join(out, "runs", regime, family, f"{label}-seed{seed}.json")
-                    if os.path.exists(path) and not rerun:
-                        with open(path) as f:
-                            cached = json.load(f)
-                        if _matches(cached, plan, regime, objective):
-                            docs.append(cached)
-                            continue
-                    if state is None:
+            draws = range(plan.feature_draws) if regime == "heads" else range(1)
+            for draw in draws:
+                state = None
+                for label, objective in objectives.items():
+                    reason = so.unavailable(objective, regime, base)
+                    if reason:
+                        if draw == 0:
+                            line = f"{regime}/{family}/{label}: not available: {reason}"
+                            skipped.append({"regime": regime, "family": family, "objective": label, "reason": reason})
+                            log(f"[suite] {line}")
+                        continue
+                    scale = None
+                    for seed in range(plan.seeds):
+                        name = f"{label}-seed{seed}" if draw == 0 else f"{label}-draw{draw}-seed{seed}"
+                        path = os.path.join(out, "runs", regime, family, f"{name}.json")
+                        if os.path.exists(path) and not rerun:
+                            with open(path) as f:
+                                cached = json.load(f)
+                            if _matches(cached, plan, regime, objective):
+                                docs.append(cached)
+                                continue
+                        if state is None:
+                            state = _regime_state(plan, regime, family, data_cfg, folder, out, draw, log)
                         if regime == "heads":
-                            state = build_family_features(
-                                family,
-                                data_cfg,
-                                folder,
-                                plan.pretrain,
-                                os.path.join(out, "features", family),
-                                log,
-                                plan.scratch_overrides,
-                            )
+                            if scale is None:
+                                scale, sweep = _scale_for(plan, out, family, label, objective, state, draw, log)
+                            doc, result = run_heads(plan, family, label, objective, seed, state, scale, draw)
+                            doc["scale_sweep"] = sweep
                         else:
-                            extra = plan.pretrain.num_promise_distractors
-                            state = (
-                                family_distractors(
-                                    family, plan.pretrain.num_distractors, plan.size.seed, plan.size.image_size
-                                ),
-                                family_distractors(family, extra, plan.size.seed + 1, plan.size.image_size)
-                                if extra
-                                else None,
-                            )
-                    if regime == "heads":
-                        doc, result = run_heads(plan, family, label, objective, seed, state)
-                    else:
-                        doc, result = run_scratch(plan, family, label, objective, seed, out, data_cfg, state)
-                    _save_run(path, doc, result)
-                    s = doc["summary"]
-                    log(
-                        f"[suite] {regime}/{family}/{label} seed {seed}: PR-AUC {100 * s['pr_auc']:.2f}, "
-                        f"t2i R@1 {100 * s['t2i_r1']:.2f}, i2t R@1 {100 * s['i2t_r1']:.2f} "
-                        f"({doc['seconds']['total']:.0f} s)"
-                    )
-                    docs.append(doc)
+                            doc, result = run_scratch(plan, family, label, objective, seed, out, data_cfg, state)
+                        _save_run(path, doc, result)
+                        s = doc["summary"]
+                        log(
+                            f"[suite] {regime}/{family}/{name}: PR-AUC {100 * s['pr_auc']:.2f}, "
+                            f"t2i R@1 {100 * s['t2i_r1']:.2f}, i2t R@1 {100 * s['i2t_r1']:.2f} "
+                            f"({doc['seconds']['total']:.0f} s)"
+                        )
+                        docs.append(doc)
     return {"runs": docs, "skipped": skipped}
 
 
@@ -349,6 +419,8 @@ def main(argv=None) -> int:
     parser.add_argument("--scratch_objectives", nargs="*", default=None, help="scratch-regime objectives")
     parser.add_argument("--seeds", type=int, default=None)
     parser.add_argument("--heads_steps", type=int, default=None)
+    parser.add_argument("--feature_draws", type=int, default=None, help="independent frozen-feature draws (heads)")
+    parser.add_argument("--scales", type=float, nargs="*", default=None, help="λ candidates chosen on validation")
     parser.add_argument(
         "--promise_distractors",
         type=int,
@@ -367,6 +439,8 @@ def main(argv=None) -> int:
         "scratch_objectives": tuple(args.scratch_objectives) if args.scratch_objectives else None,
         "seeds": args.seeds,
         "heads_steps": args.heads_steps,
+        "feature_draws": args.feature_draws,
+        "scales": tuple(args.scales) if args.scales is not None else None,
     }
     plan = dataclasses.replace(plan, **{k: v for k, v in changes.items() if v is not None})
     if args.promise_distractors is not None:

@@ -40,13 +40,52 @@ def _values(docs, key):
     return [d["summary"].get(key) for d in docs if d["summary"].get(key) is not None]
 
 
-def table_rows(by_objective: dict, baseline: str = "SS") -> list[dict]:
-    """One row per objective: ``{"objective", key: {"mean", "sd", "n", "diff", "p"}}`` (diff/p vs ``baseline``)."""
-    from ce_retrieval.evaluation.report import paired_difference
+def _unit(doc: dict) -> tuple:
+    """A run's pairing key: (feature draw, seed); runs with the same key share initial weights and batches."""
+    train = doc["config"]["train"]
+    return (train.get("feature_draw", 0), train["seed"])
 
+
+def paired_by_draw(docs_a: list, docs_b: list, key: str) -> dict | None:
+    """``a − b`` on ``key`` paired by (feature draw, seed). With several draws the draw is the unit: the per-draw
+    mean differences (over seeds) are tested against 0 (one-sample t-test, n = draws) and their sd is the spread
+    between draws; with one draw the seeds are the units (paired t-test). ``{"diff", "sd", "p", "units", "by",
+    "seed_sd"}`` or None without pairs."""
+    from scipy import stats
+
+    b = {_unit(d): d["summary"].get(key) for d in docs_b}
+    diffs: dict = {}
+    for d in docs_a:
+        u, va = _unit(d), d["summary"].get(key)
+        if va is not None and b.get(u) is not None:
+            diffs.setdefault(u[0], []).append(va - b[u])
+    if not diffs:
+        return None
+    by_draw = len(diffs) > 1
+    units = np.asarray([np.mean(v) for v in diffs.values()] if by_draw else next(iter(diffs.values())))
+    within = [np.std(v, ddof=1) for v in diffs.values() if len(v) > 1]
+    p = None
+    if len(units) > 1 and np.std(units) > 0:
+        p = float(stats.ttest_1samp(units, 0.0).pvalue)
+    return {
+        "diff": float(units.mean()),
+        "sd": float(units.std(ddof=1)) if len(units) > 1 else None,
+        "p": p,
+        "units": len(units),
+        "by": "feature draw" if by_draw else "seed",
+        "seed_sd": float(np.mean(within)) if within else None,
+    }
+
+
+def table_rows(by_objective: dict, baseline: str = "SS") -> list[dict]:
+    """One row per objective: ``{"objective", "scale", key: {"mean", "sd", "n", "diff", "diff_sd", "p", "pairs",
+    "by"}}`` (diff/p vs ``baseline``, :func:`paired_by_draw`)."""
     rows = []
     for name, docs in by_objective.items():
-        row = {"objective": name, "seeds": sorted(d["config"]["train"]["seed"] for d in docs)}
+        scales = sorted({d["config"]["train"].get("scale") for d in docs} - {None})
+        row = {"objective": name, "units": sorted(_unit(d) for d in docs), "scale": scales[0] if scales else None}
+        row["seeds"] = sorted({u[1] for u in row["units"]})
+        row["draws"] = sorted({u[0] for u in row["units"]})
         for _, key in COLUMNS:
             v = np.asarray(_values(docs, key), np.float64)
             cell = {
@@ -55,8 +94,10 @@ def table_rows(by_objective: dict, baseline: str = "SS") -> list[dict]:
                 "n": len(v),
             }
             if name != baseline and baseline in by_objective and len(v):
-                d = paired_difference(docs + by_objective[baseline], name, baseline, key)
-                cell.update(diff=d["mean"], diff_sd=d["std"], p=d["p_value"], pairs=d["n"])
+                d = paired_by_draw(docs, by_objective[baseline], key)
+                if d is not None:
+                    cell.update(diff=d["diff"], diff_sd=d["sd"], p=d["p"], pairs=d["units"], by=d["by"])
+                    cell["seed_sd"] = d["seed_sd"]
             row[key] = cell
         rows.append(row)
     return rows
@@ -93,8 +134,17 @@ def markdown(outcome: dict, tables: dict, plan, minutes: float, machine: dict | 
             if machine
             else []
         ),
-        "Cells: mean ± sd over seeds, in % (OPIS ×100); Δ = paired mean difference to SS (same seed), "
-        "p = two-sided paired t-test. Test split; thresholds chosen on the validation split.",
+        f"Cells: mean ± sd over {plan.feature_draws} feature draw(s) × {plan.seeds} seeds, in % (OPIS ×100); "
+        "Δ = paired mean difference to SS (same draw and seed); with several feature draws the draw is the unit "
+        "(p: one-sample t-test of the per-draw mean differences, n = draws; the record also has the sd between "
+        "draws and within a draw), with one draw the seed (paired t-test). Test split; thresholds chosen on the "
+        "validation split"
+        + (
+            f"; λ per objective chosen on validation from {', '.join(f'{x:g}' for x in plan.scales)} "
+            "(PR-AUC + t→i R@1, draw 0, seed 0; learned temperatures not swept)."
+            if plan.scales
+            else "."
+        ),
         "",
     ]
     for item in outcome["skipped"]:
@@ -107,7 +157,8 @@ def markdown(outcome: dict, tables: dict, plan, minutes: float, machine: dict | 
         lines.append("| objective | " + " | ".join(label for label, _ in COLUMNS) + " |")
         lines.append("|---|" + "---:|" * len(COLUMNS))
         for row in rows:
-            lines.append(f"| {row['objective']} | " + " | ".join(_cell(row[key]) for _, key in COLUMNS) + " |")
+            label = row["objective"] + (f" (λ {row['scale']:g})" if row.get("scale") is not None else "")
+            lines.append(f"| {label} | " + " | ".join(_cell(row[key]) for _, key in COLUMNS) + " |")
         lines.append("")
     lines.append(
         "–: no value; the recall and achieved precision at the threshold for precision 0.5 are missing where no "
@@ -158,7 +209,12 @@ def write(results_dir: str, outcome: dict, plan, minutes: float, machine: dict |
         "tables": {f"{regime}/{family}": rows for (regime, family), rows in tables.items()},
         "runs": [
             {k: d[k] for k in ("regime", "family", "run_name", "summary", "curve", "seconds")}
-            | {"seed": d["config"]["train"]["seed"], "learned": d["config"]["train"].get("learned")}
+            | {
+                "seed": d["config"]["train"]["seed"],
+                "feature_draw": d["config"]["train"].get("feature_draw", 0),
+                "scale": d["config"]["train"].get("scale"),
+                "learned": d["config"]["train"].get("learned"),
+            }
             for d in outcome["runs"]
         ],
     }

@@ -103,9 +103,12 @@ def train_heads(
     jit_compile: bool = True,
     log=None,
     extra_variables=(),
+    selection: bool = False,
 ) -> dict:
     """Trains the two heads with ``loss`` and returns ``{"curve", "summary", "metrics", "seconds", ...}``.
-    ``extra_variables`` are trained with the heads (e.g. a learned temperature and bias that ``loss`` reads)."""
+    ``extra_variables`` are trained with the heads (e.g. a learned temperature and bias that ``loss`` reads).
+    ``selection``: a hyper-parameter choice run, which reads the validation split only (its curve and its result
+    ``{"val": {"pr_auc", "t2i_r1"}, "curve", "seconds"}``); the test split is never read, and need not be given."""
     import tensorflow as tf
     import tf_keras
 
@@ -149,16 +152,19 @@ def train_heads(
         pos += batch
         value = step(tf.constant(rows), tf.constant(image_index[rows]), tf.constant(text_ids[rows]))
         if s % eval_every == 0 or s == steps:
-            point = quick_metrics(features, text_head, image_head)
+            point = quick_metrics(features, text_head, image_head, "val" if selection else "test")
             curve["step"].append(s)
             curve["loss"].append(float(value))
             for k, v in point.items():
                 curve[k].append(v)
             if log:
                 log(
-                    f"    step {s}: loss {float(value):.4f}, test PR-AUC {point['pr_auc']:.4f}, "
+                    f"    step {s}: loss {float(value):.4f}, {'val' if selection else 'test'} PR-AUC "
+                    f"{point['pr_auc']:.4f}, "
                     f"R@1 {point['t2i_r1']:.4f}"
                 )
     train_seconds = time.perf_counter() - t0
+    if selection:
+        return {"val": quick_metrics(features, text_head, image_head, "val"), "curve": curve, "seconds": train_seconds}
     final = full_metrics(features, text_head, image_head)
     return {**final, "curve": curve, "seconds": train_seconds}

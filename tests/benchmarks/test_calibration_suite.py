@@ -108,3 +108,51 @@ def test_objectives_not_in_the_project_are_reported_not_faked():
     assert objectives.unavailable(objectives.OBJECTIVES["CE"], "heads") is None
     with pytest.raises(ValueError, match="needs a 'loss'"):
         objectives.recipe_objective({"kwargs": {}})
+
+
+def _features(rng, n_img=24, caps=2, dim=8):
+    out = {}
+    for split in ("train", "val", "test"):
+        ids = np.arange(n_img) + {"train": 0, "val": 1000, "test": 2000}[split]
+        img = rng.normal(size=(n_img, dim)).astype(np.float32)
+        out[f"{split}_image"], out[f"{split}_image_ids"] = img, ids
+        out[f"{split}_text"] = np.repeat(img, caps, 0) + 0.3 * rng.normal(size=(n_img * caps, dim)).astype(np.float32)
+        out[f"{split}_text_ids"] = np.repeat(ids, caps)
+    out["distractor_image"] = rng.normal(size=(4, dim)).astype(np.float32)
+    return out
+
+
+def test_the_scale_is_chosen_on_validation_only():
+    """#30 part 3: the sweep's choice reads the validation split only (the features given have no test arrays to
+    read: any access would fail) and takes the λ with the best validation PR-AUC + R@1."""
+    suite = load_benchmark("calibration_suite")
+    plan = suite.dataclasses.replace(suite.QUICK, scales=(5.0, 40.0), heads_steps=4, heads_batch=8)
+    features = _features(np.random.default_rng(0))
+
+    class NoTest(dict):
+        def __getitem__(self, key):
+            assert not key.startswith("test_"), f"the sweep read {key}"
+            return super().__getitem__(key)
+
+    scale, sweep = suite.choose_scale(plan, suite.so.OBJECTIVES["CE"], NoTest(features))
+    assert [r["scale"] for r in sweep] == [5.0, 40.0]
+    assert scale == max(sweep, key=lambda r: r["score"])["scale"]
+    assert all(r["score"] == r["pr_auc"] + r["t2i_r1"] for r in sweep)
+    assert suite.choose_scale(plan, suite.so.OBJECTIVES["SigLIP"], features) == (suite.so.SCALE, [])  # learned
+
+
+def test_paired_by_draw_takes_the_draw_as_the_unit():
+    report = load_benchmark("calibration_suite_report")
+
+    def doc(name, draw, seed, v):
+        return {"run_name": name, "config": {"train": {"seed": seed, "feature_draw": draw}}, "summary": {"k": v}}
+
+    # CE - SS: +1 on every seed of draw 0, +3 on draw 1, +2 on draw 2 -> per-draw means 1, 3, 2
+    ss = [doc("SS", d, s, 0.0) for d in range(3) for s in range(3)]
+    ce = [doc("CE", d, s, [1.0, 3.0, 2.0][d] + 0.1 * (s - 1)) for d in range(3) for s in range(3)]
+    out = report.paired_by_draw(ce, ss, "k")
+    assert out["by"] == "feature draw" and out["units"] == 3
+    assert out["diff"] == pytest.approx(2.0) and out["sd"] == pytest.approx(1.0)
+    assert out["seed_sd"] == pytest.approx(0.1)
+    one = report.paired_by_draw(ce[:3], ss[:3], "k")
+    assert one["by"] == "seed" and one["units"] == 3 and one["diff"] == pytest.approx(1.0)
