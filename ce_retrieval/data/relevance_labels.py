@@ -16,9 +16,11 @@ Why a format of its own: recalibration (``ce-retrieval calibrate``) needs only c
 
 :func:`positives_in_gallery` turns the labels into the relevant (caption row, gallery row) pairs of an index,
 refusing an id the gallery does not hold with the line that names it; :func:`query_units` groups captions for the
-guarantee's clustered bounds: captions that share a relevant item are one unit (connected components of the
-caption-item relevance graph: the captions of one Karpathy image), so every relevant pair of an item falls in one
-unit, as :func:`ce_retrieval.evaluation.guarantee.measure_rates` needs.
+guarantee's clustered bounds: captions with the same relevant ids are one unit (the captions of one Karpathy image,
+as the calibration split's query ids group them), a caption with none is a unit of its own. Where an item is
+relevant to captions of several units, :func:`ce_retrieval.evaluation.guarantee.measure_rates` clusters the
+relevant pairs by item too. (Not the connected components of the relevance graph: with labels that overlap widely,
+"every image it fits", they collapse into a few units, too few to estimate a variance from.)
 """
 
 from __future__ import annotations
@@ -29,8 +31,6 @@ import json
 import os
 
 import numpy as np
-from scipy.sparse import coo_matrix
-from scipy.sparse.csgraph import connected_components
 
 from ce_retrieval.data.report import caption_problem
 
@@ -165,11 +165,9 @@ def positives_in_gallery(labels: RelevanceLabels, gallery_ids) -> tuple[np.ndarr
     return rows, order[pos].astype(np.int64)
 
 
-def query_units(rows: np.ndarray, cols: np.ndarray, num_queries: int) -> np.ndarray:
-    """Unit id per caption: connected components of the graph joining each caption to its relevant items (the
-    captions of one image are one unit; a caption with no relevant item is a unit of its own)."""
-    cols = np.asarray(cols, np.int64)
-    items = np.unique(cols, return_inverse=True)[1].reshape(-1) + num_queries
-    n = num_queries + (int(items.max()) - num_queries + 1 if len(items) else 0)
-    graph = coo_matrix((np.ones(len(rows)), (np.asarray(rows, np.int64), items)), shape=(n, n))
-    return connected_components(graph, directed=False)[1][:num_queries].astype(np.int64)
+def query_units(labels: RelevanceLabels) -> np.ndarray:
+    """Unit id per caption: captions with the same (non-empty) set of relevant ids share one; a caption with no
+    relevant id is a unit of its own."""
+    keys = [tuple(r.tolist()) if len(r) else ("none", i) for i, r in enumerate(labels.relevant)]
+    index: dict = {}
+    return np.array([index.setdefault(k, len(index)) for k in keys], np.int64)

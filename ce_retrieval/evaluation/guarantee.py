@@ -23,7 +23,8 @@ sums (Cameron, Gelbach & Miller 2011) over query units (the captions of one imag
 
     V = K_u/(K_u-1) sum_u (x_u - p n_u)^2 / n^2  +  K_v/(K_v-1) sum_v (x_v - p n_v)^2 / n^2,
 
-(for relevant pairs the two clusterings coincide, so only the query units are used), giving the design effect
+(for relevant pairs the two clusterings coincide, so only the query units are used; with relevance given as pairs,
+where an image's relevant pairs may span several query units, both are summed for them too), giving the design effect
 ``deff = V / (p (1 - p) / n)`` (at least 1) and the effective sample size ``n / deff``. The bound is then the
 Clopper-Pearson bound of the proportion at the effective sample size (Korn & Graubard 1998), exact for
 independent pairs and widened by the clustering otherwise. Where a rate has fewer than ``MIN_EVENTS`` events
@@ -281,6 +282,9 @@ def _rates(block, n: int, m: int, qids, dids, grid_size: int, rows: int, positiv
 
     tp, fp = pos_row.sum(0), neg_row.sum(0)
     var_tp = _cluster_variance(by_unit(pos_row), by_unit(pos_per_row), num_pos)
+    if positives is not None and _spans_units(unit_of_row[pos_rows], pos_cols):
+        pos_col = _ge_counts(pos_col_hist)[:, ::-1]  # the documents' clustering of the relevant pairs too
+        var_tp = var_tp + _cluster_variance(pos_col.astype(np.float64), np.bincount(pos_cols, minlength=m), num_pos)
     neg_per_row = m - pos_per_row
     neg_per_col = n - np.bincount(pos_cols, minlength=m)
     var_fp = _cluster_variance(by_unit(neg_row), by_unit(neg_per_row), num_neg) + _cluster_variance(
@@ -302,6 +306,12 @@ def _rates(block, n: int, m: int, qids, dids, grid_size: int, rows: int, positiv
         curve_tp=pos_ge[::-1].copy(),
         curve_fp=(all_ge - pos_ge)[::-1].copy(),
     )
+
+
+def _spans_units(units: np.ndarray, cols: np.ndarray) -> bool:
+    """Whether some document's relevant pairs fall in more than one query unit (the clusterings do not nest)."""
+    pairs = np.unique(np.stack([cols, units]), axis=1)
+    return len(np.unique(pairs[0])) < pairs.shape[1]
 
 
 def precision_at_size(tpr, fpr, gallery_size: float, relevant_per_query: float) -> np.ndarray:

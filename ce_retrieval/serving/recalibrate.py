@@ -95,7 +95,7 @@ def calibrate_on_index(
     return calibrate_split(
         query_emb,
         x,
-        query_units(rows, cols, len(labels)),
+        query_units(labels),
         np.arange(len(ids)),
         positives=(rows, cols),
         levels=levels,

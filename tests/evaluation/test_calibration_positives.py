@@ -62,3 +62,30 @@ def test_bad_positives_are_named(split):
         fit_probability_map(q, docs, qids, dids, positives=(np.array([], int), np.array([], int)))
     with pytest.raises(ValueError, match="one length"):
         calibrate_split(q, docs, qids, dids, positives=([0, 1], [1]))
+
+
+def test_an_item_relevant_across_query_units_clusters_its_pairs_by_item_too(split):
+    """The design effect of the relevant pairs' rate: two-way clustered (units + documents) once a document's
+    relevant pairs span several query units, as a direct computation of the variance gives it."""
+    q, docs, qids, dids = split
+    relevant = qids[:, None] == dids[None, :]
+    relevant[::4, 7] = True  # image 7 is relevant to captions of many units
+    rows, cols = np.nonzero(relevant)
+    rates = measure_rates(q, docs, qids, dids, grid_size=8, positives=(rows, cols))
+    s, n = q @ docs.T, relevant.sum()
+
+    def cluster_variance(x, size, p):
+        x, size = x[size > 0], size[size > 0]
+        return len(size) / (len(size) - 1) * np.sum((x - size * p) ** 2) / n**2
+
+    checked = 0
+    for t, deff in zip(rates.thresholds, rates.deff_tp, strict=True):
+        hit = (s >= t) & relevant
+        if min(hit.sum(), n - hit.sum()) < 10:
+            continue  # too few events: the nearest grid point's design effect is used there
+        p = hit.sum() / n
+        by_unit = [(hit[qids == u].sum(), relevant[qids == u].sum()) for u in np.unique(qids)]
+        v = cluster_variance(*np.array(by_unit, float).T, p) + cluster_variance(hit.sum(0), relevant.sum(0), p)
+        assert deff == pytest.approx(max(v / (p * (1 - p) / n), 1.0))
+        checked += 1
+    assert checked >= 3

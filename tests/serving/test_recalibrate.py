@@ -16,7 +16,7 @@ import pytest
 from serving_fixtures import GALLERY_SIZE, captions
 
 from ce_retrieval import cli
-from ce_retrieval.data.relevance_labels import query_units, read_labels
+from ce_retrieval.data.relevance_labels import RelevanceLabels, query_units, read_labels
 from ce_retrieval.evaluation.split_calibration import calibrate_split
 from ce_retrieval.serving import layout
 from ce_retrieval.serving.export import embed_with_keras
@@ -165,10 +165,11 @@ def test_karpathy_labels_map_images_as_the_index_numbered_them(export_copy, base
     assert manifest["recalibration"]["num_labelled_queries"] == 60
 
 
-def test_query_units_join_captions_that_share_an_item():
-    rows, cols = np.array([0, 1, 2, 2, 4]), np.array([5, 6, 6, 9, 7])  # caption 3: no relevant item
-    units = query_units(rows, cols, 5)
-    assert units[1] == units[2] and len(set(units[[0, 1, 3, 4]].tolist())) == 4
+def test_query_units_group_captions_with_the_same_relevant_items():
+    relevant = [[5], [6, 9], [9, 6], [], [], [5]]
+    labels = RelevanceLabels([str(i) for i in range(6)], [np.unique(r).astype(np.int64) for r in relevant], [], {})
+    units = query_units(labels)
+    assert units[0] == units[5] and units[1] == units[2] and len(set(units.tolist())) == 4
 
 
 def test_sharded_scann_index_is_recalibrated_per_shard_and_as_a_whole(export_copy, base_export, tmp_path):
