@@ -3,13 +3,14 @@
 On the embedded synthetic dataset by default, about ten minutes on a CPU. Each stage is the same code path the
 individual commands use (``train``, ``evaluate``, ``export``, ``index``, ``query``); this module only wires
 them into one run under ``--workdir``. Besides the configured model (Cross-Example Softmax by default) it trains
-a baseline the same way (``--baseline``, Sampled Softmax by default: same config, seed, data and steps; only the
-loss differs) and ends the evaluation with the two side by side: global PR-AUC, recall, and the precision that
-thresholds calibrated on the validation split actually achieve on the test split.
+baselines the same way (``--baseline``, Sampled Softmax and SigLIP's sigmoid loss by default: same config, seed,
+data and steps; only the loss differs, and SigLIP learns its own temperature and bias from t = 10, b = -10) and
+ends the evaluation with all of them side by side: global PR-AUC, recall, the precision that thresholds calibrated
+on the validation split actually achieve on the test split and the recall at guaranteed precision.
 
     <workdir>/model/            trained model_dir (config.yaml, checkpoints/, logs/; resumes if interrupted)
-    <workdir>/baseline/model/   the baseline, trained the same way
-    <workdir>/eval/             eval_test.json (+ baseline/eval_test.json), PNG plots (PR curves, score
+    <workdir>/baseline/model/   the first baseline, trained the same way (others: baseline_<loss>/model/)
+    <workdir>/eval/             eval_test.json (+ baseline/eval_test.json, ...), PNG plots (PR curves, score
                                 distributions, reliability, retrieval sheet) and calibration_side_by_side.png
     <workdir>/export/           text_encoder/<v>/, image_encoder/<v>/ SavedModels + index/<v>/ (ScaNN + manifest)
 """
@@ -33,8 +34,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--queries", nargs="*", default=None, help="captions to search for (default: test captions)")
     parser.add_argument(
         "--baseline",
-        default="SampledSoftmax",
-        help="loss of the comparison model trained the same way ('none' skips it)",
+        default="SampledSoftmax,SigmoidLoss",
+        help="comma-separated losses of the comparison models trained the same way ('none' skips them)",
     )
 
 
@@ -51,19 +52,20 @@ def run(args) -> int:
     model_dir, eval_dir, export_dir = (os.path.join(workdir, p) for p in ("model", "eval", "export"))
     cfg = configs.load_experiment(resolve_config(args.config), args.params_override)
 
-    baseline = None if str(args.baseline).lower() == "none" or args.baseline == cfg.loss.name else args.baseline
-    stages = 6 if baseline else 5
+    baselines = baseline_names(args.baseline, cfg.loss.name)
+    stages = 5 + len(baselines)
     _stage(1, stages, "train", f"{cfg.name}: {cfg.loss.name} on the {cfg.data.name} dataset -> {model_dir}")
     _train_once(cfg, model_dir, args.retrain)
-    base_cfg = None
-    if baseline:
-        base_dir = os.path.join(workdir, "baseline", "model")
-        base_cfg = baseline_config(cfg, baseline)
-        _stage(2, stages, "train the baseline", f"{baseline}, the same model, data, seed and steps -> {base_dir}")
-        _train_once(base_cfg, base_dir, args.retrain)
+    base_cfgs = {}
+    for i, name in enumerate(baselines):
+        base_dir = os.path.join(workdir, baseline_dir(i, name), "model")
+        base_cfgs[name] = baseline_config(cfg, name)
+        what = f"{name}, the same model, data, seed and steps -> {base_dir}"
+        _stage(2 + i, stages, "train the baseline", what)
+        _train_once(base_cfgs[name], base_dir, args.retrain)
     cfg, model = load_trained(model_dir)
 
-    step = 3 if baseline else 2
+    step = 2 + len(baselines)
     _stage(
         step,
         stages,
@@ -71,7 +73,7 @@ def run(args) -> int:
         f"test split, {cfg.evaluation.distractors} distractors, "
         f"thresholds calibrated on {cfg.evaluation.split} -> {eval_dir}",
     )
-    test, val, reports = evaluate(cfg, model, base_cfg, workdir, eval_dir)
+    test, val, reports = evaluate(cfg, model, base_cfgs, workdir, eval_dir)
     report = reports[cfg.loss.name]
 
     _stage(step + 1, stages, "export", f"SavedModels for TF Serving -> {export_dir}")
@@ -93,6 +95,19 @@ def run(args) -> int:
     return 0 if np.isfinite(report["summary"]["pr_auc"]) else 1
 
 
+def baseline_names(spec: str, configured: str) -> list[str]:
+    """The baselines of ``--baseline`` ("A,B" or "none"), less the configured loss itself, in order."""
+    if str(spec).strip().lower() == "none":
+        return []
+    names = [n.strip() for n in str(spec).split(",") if n.strip()]
+    return list(dict.fromkeys(n for n in names if n != configured))
+
+
+def baseline_dir(i: int, name: str) -> str:
+    """``baseline`` for the first baseline (the layout before there were several), ``baseline_<loss>`` after."""
+    return "baseline" if i == 0 else f"baseline_{name}"
+
+
 def baseline_config(cfg, baseline: str):
     """The baseline's experiment: ``cfg`` with only the loss replaced; its hyper-parameters are the baseline's
     defaults (λ stays model.logit_scale)."""
@@ -101,7 +116,7 @@ def baseline_config(cfg, baseline: str):
     return dataclasses.replace(cfg, loss=LossConfig(name=baseline), model=_baseline_model(cfg.model, baseline))
 
 
-def evaluate(cfg, model, base_cfg, workdir: str, eval_dir: str):
+def evaluate(cfg, model, base_cfgs: dict, workdir: str, eval_dir: str):
     """The evaluation stage: every trained model on the test split (thresholds calibrated on the validation
     split), metrics printed, and with a baseline the side-by-side comparison. Returns (test, val, the reports by
     loss name: the configured model's first, then the baseline's)."""
@@ -119,9 +134,9 @@ def evaluate(cfg, model, base_cfg, workdir: str, eval_dir: str):
             cfg.evaluation.distractors, seed=cfg.data.seed + 7919, image_size=cfg.data.image_size
         )
     runs = {cfg.loss.name: (model, cfg, eval_dir)}
-    if base_cfg is not None:
-        _, base_model = load_trained(os.path.join(workdir, "baseline", "model"))
-        runs[base_cfg.loss.name] = (base_model, base_cfg, os.path.join(eval_dir, "baseline"))
+    for i, (name, base_cfg) in enumerate(base_cfgs.items()):
+        _, base_model = load_trained(os.path.join(workdir, baseline_dir(i, name), "model"))
+        runs[name] = (base_model, base_cfg, os.path.join(eval_dir, baseline_dir(i, name)))
     reports = {
         name: evaluate_model(
             m.text_encoder,
@@ -140,7 +155,7 @@ def evaluate(cfg, model, base_cfg, workdir: str, eval_dir: str):
     }
     report = reports[cfg.loss.name]
     _print_metrics(report)
-    if base_cfg is not None:
+    if base_cfgs:
         side_by_side(reports, {name: m for name, (m, _, _) in runs.items()}, test, eval_dir)
     return test, val, reports
 
@@ -260,13 +275,22 @@ def export_trained(cfg, model, export_dir: str):
     return export_model(model, export_dir, metadata=metadata)
 
 
+SIGLIP_INIT = (10.0, -10.0)  # SigLIP's learned temperature t and bias b start here (configs/synthetic_siglip.yaml)
+
+
 def _baseline_model(model_cfg, baseline: str):
     """The model config of the baseline: the same, less a logit bias its loss does not have (a SigLIP run's
-    ``model.logit_bias`` belongs to the sigmoid loss; a softmax baseline refuses it)."""
+    ``model.logit_bias`` belongs to the sigmoid loss; a softmax baseline refuses it); a loss with a bias (SigLIP)
+    that the configured model lacks gets SigLIP's learned form, t and b from :data:`SIGLIP_INIT`."""
     from ce_retrieval import losses
 
     if losses.lookup(baseline).has_logit_bias:
-        return model_cfg
+        if model_cfg.logit_bias is not None:
+            return model_cfg
+        t, b = SIGLIP_INIT
+        return dataclasses.replace(
+            model_cfg, logit_scale=t, learn_logit_scale=True, logit_bias=b, learn_logit_bias=True
+        )
     return dataclasses.replace(model_cfg, logit_bias=None, learn_logit_bias=False)
 
 

@@ -25,6 +25,8 @@ def test_demo_runs_every_stage(tmp_path):
         "--params_override",
         TINY_OVERRIDE + ",evaluation.distractors=10,data.num_test_images=24,data.num_val_images=24,"
         "evaluation.every_n_epochs=0",
+        "--baseline",
+        "SampledSoftmax,SigmoidLoss",
         "--queries",
         "a red circle",
         "two blue squares",
@@ -39,12 +41,13 @@ def test_demo_runs_every_stage(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout
     for stage in (
-        "[1/6] train",
-        "[2/6] train the baseline",
-        "[3/6] evaluate",
-        "[4/6] export",
-        "[5/6] index",
-        "[6/6] query",
+        "[1/7] train",
+        "[2/7] train the baseline",
+        "[3/7] train the baseline",
+        "[4/7] evaluate",
+        "[5/7] export",
+        "[6/7] index",
+        "[7/7] query",
     ):
         assert stage in out
     assert "calibration, side by side" in out and "SampledSoftmax" in out and "CrossExampleSoftmax" in out
@@ -52,6 +55,9 @@ def test_demo_runs_every_stage(tmp_path):
     assert (workdir / "eval" / "calibration_side_by_side.png").stat().st_size > 10_000
     baseline = json.loads((workdir / "eval" / "baseline" / "eval_test.json").read_text())
     assert baseline["run_name"] == "SampledSoftmax" and baseline["config"]["loss"]["name"] == "SampledSoftmax"
+    siglip = json.loads((workdir / "eval" / "baseline_SigmoidLoss" / "eval_test.json").read_text())
+    assert siglip["config"]["model"]["learn_logit_bias"] and siglip["config"]["model"]["logit_bias"] == -10.0
+    assert "SigmoidLoss" in out.split("calibration, side by side")[1].splitlines()[1]
     assert "GET /healthz -> 200" in out and '"a red circle"' in out and "1. image" in out
     report = json.loads((workdir / "eval" / "eval_test.json").read_text())
     assert 0.0 <= report["summary"]["pr_auc"] <= 1.0 and report["num_distractors"] == 10
