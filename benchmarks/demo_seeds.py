@@ -52,7 +52,7 @@ def read_record(seed_dir: pathlib.Path) -> dict:
         raise SystemExit(f"{path} does not exist: run the demo there first (without --no_run)")
     record = json.loads(path.read_text())
     record["training"] = {}
-    for model_dir in (seed_dir / "model", seed_dir / "baseline" / "model"):
+    for model_dir in (seed_dir / "model", seed_dir / "baseline" / "model", *sorted(seed_dir.glob("baseline_*/model"))):
         summary = model_dir / "train_summary.json"
         if summary.exists():
             s = json.loads(summary.read_text())

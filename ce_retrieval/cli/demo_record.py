@@ -35,6 +35,10 @@ FIGURES = {
     "threshold_0.5": ("val threshold for precision 0.5", ""),
     "achieved_precision_0.5": ("  precision it achieves on test", "%"),
     "achieved_recall_0.5": ("  recall it achieves on test", "%"),
+    "guaranteed_recall_0.5": ("recall at guaranteed precision 0.5 (0: refused)", "%"),
+    "guaranteed_precision_0.5": ("  precision achieved there", "%"),
+    "guaranteed_recall_0.8": ("recall at guaranteed precision 0.8 (0: refused)", "%"),
+    "guaranteed_precision_0.8": ("  precision achieved there", "%"),
 }
 CPU_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile")
 
