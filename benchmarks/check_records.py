@@ -13,6 +13,8 @@ Reads the ``## Summary`` table of ``BENCHMARKS.md`` and reports (exit status 1) 
   it at the precision shown ("+5.18" matches 5.184, "1.7e-5" matches 1.72e-05, "10,228" matches 10228); fractions
   stored in JSON match the percentages shown (0.303 for 30.3);
 * a number of README.md's demo table (the one headed "... over seeds ...") is not in the demo_seeds record;
+* README.md's decision table ("### Which objective, when") is missing, a row links no existing record, or a
+  number of its effect cell is in none of the row's records;
 * a relative link of BENCHMARKS.md or of a Markdown record points to no file (or to no heading of BENCHMARKS.md);
 * a record names a module or script (``ce_retrieval/...py``, ``benchmarks/...py``, ``ce_retrieval.a.b``) that does
   not exist.
@@ -186,6 +188,44 @@ def readme_demo_problems(root: pathlib.Path) -> list[str]:
     return problems
 
 
+DECISION_HEADING = "### Which objective, when"
+
+
+def readme_decision_problems(root: pathlib.Path) -> list[str]:
+    """README's decision table (the first table under "### Which objective, when": situation | objective | effect
+    and spread | ...): every row links at least one record under ``benchmarks/results/`` that exists, and every
+    number of its third cell (the effect and its spread) is in one of the row's records."""
+    readme = root / "README.md"
+    if not readme.exists():
+        return []
+    lines = readme.read_text().splitlines()
+    head = next((i for i, line in enumerate(lines) if line.strip() == DECISION_HEADING), None)
+    if head is None:
+        return [f"README.md: no '{DECISION_HEADING}' section (the decision table of issue #30)"]
+    start = next((i for i in range(head + 1, len(lines)) if lines[i].startswith("|")), None)
+    if start is None:
+        return [f"README.md:{head + 1}: '{DECISION_HEADING}' has no table"]
+    problems = []
+    for i in range(start + 2, len(lines)):
+        if not lines[i].startswith("|"):
+            break
+        cells = lines[i].strip().strip("|").split("|")
+        links = [link for link in LINK.findall(lines[i]) if link.startswith(RESULTS)]
+        if not links:
+            problems.append(f"README.md:{i + 1}: decision row links no record under {RESULTS}")
+            continue
+        missing = [link for link in links if not (root / link.split("#")[0]).is_file()]
+        if missing:
+            problems.append(f"README.md:{i + 1}: decision row links {missing}, which do not exist")
+            continue
+        numbers = {r: record_numbers((root / r.split("#")[0]).read_text()) for r in links}
+        effect = cells[2] if len(cells) > 2 else ""
+        for token in figures(effect):
+            if not any(contains(numbers[r], token, r.split("#")[0].endswith(".json")) for r in links):
+                problems.append(f"README.md:{i + 1}: decision figure {token!r} is in none of its records {links}")
+    return problems
+
+
 def check(root: pathlib.Path) -> list[str]:
     """Every problem found, one line each (empty when BENCHMARKS.md and its records agree)."""
     root = pathlib.Path(root)
@@ -217,7 +257,7 @@ def check(root: pathlib.Path) -> list[str]:
         problems += _check_links(path, root, anchors)
     for path in records:
         problems += _check_modules(path, root)
-    return problems + readme_demo_problems(root)
+    return problems + readme_demo_problems(root) + readme_decision_problems(root)
 
 
 def main(argv=None) -> int:

@@ -88,7 +88,7 @@ def test_figures_match_at_the_precision_shown():
 
 
 def test_the_readme_demo_table_is_checked_against_the_demo_seeds_record(tmp_path):
-    root = _repo(tmp_path, GOOD_ROW, GOOD_RECORD)
+    root = _repo(tmp_path, GOOD_ROW, GOOD_RECORD + "SigLIP - SS: +2.1, sd 0.40\n")
     readme = "# x\n\n| test split, min – max over seeds 0–4 | CE | SS |\n|---|---:|---:|\n"
     readme += "| PR-AUC | 3.2 – 34.2 % | 4.3 % |\n"
     (root / "README.md").write_text(readme)
@@ -99,5 +99,29 @@ def test_the_readme_demo_table_is_checked_against_the_demo_seeds_record(tmp_path
     assert check_records.readme_demo_problems(root) == [
         "README.md:5: demo figure '4.3' is not in benchmarks/results/demo_seeds.md"
     ]
-    (root / "README.md").write_text(readme.replace("4.3 %", "4.4 %"))
+    (root / "README.md").write_text(readme.replace("4.3 %", "4.4 %") + DECISION)
     assert check_records.check(root) == []
+
+
+DECISION = (
+    "\n### Which objective, when\n\n| situation | use | effect (spread) | why |\n|---|---|---|---|\n"
+    "| frozen towers, 3 draws | SigLIP | PR-AUC +2.1 (sd 0.4 between draws) | [suite](benchmarks/results/r.md) |\n"
+)
+
+
+def test_the_readme_decision_table_is_checked_against_its_records(tmp_path):
+    root = _repo(tmp_path, GOOD_ROW, GOOD_RECORD + "SigLIP - SS: +2.1, sd 0.40\n")
+    (root / "README.md").write_text("# x\n")
+    assert check_records.readme_decision_problems(root) == [
+        "README.md: no '### Which objective, when' section (the decision table of issue #30)"
+    ]
+    (root / "README.md").write_text(DECISION)
+    assert check_records.readme_decision_problems(root) == []
+    (root / "README.md").write_text(DECISION.replace("+2.1", "+2.2"))
+    assert check_records.readme_decision_problems(root) == [
+        "README.md:6: decision figure '2.2' is in none of its records ['benchmarks/results/r.md']"
+    ]
+    (root / "README.md").write_text(DECISION.replace("r.md", "gone.md"))
+    assert "which do not exist" in check_records.readme_decision_problems(root)[0]
+    (root / "README.md").write_text(DECISION.replace("[suite](benchmarks/results/r.md)", "suite"))
+    assert "links no record" in check_records.readme_decision_problems(root)[0]
