@@ -108,8 +108,9 @@ def _cell(cell: dict) -> str:
         return "–"
     text = f"{100 * cell['mean']:.1f}" + (f" ± {100 * cell['sd']:.1f}" if cell["sd"] is not None else "")
     if cell.get("diff") is not None:
-        p = cell.get("p")
-        text += f" (Δ {100 * cell['diff']:+.1f}" + (f", p {p:.2g})" if p is not None else ")")
+        p, sd = cell.get("p"), cell.get("diff_sd")
+        text += f" (Δ {100 * cell['diff']:+.1f}" + (f" ± {100 * sd:.1f}" if sd is not None else "")
+        text += f", p {p:.2g})" if p is not None else ")"
     return text
 
 
@@ -135,7 +136,8 @@ def markdown(outcome: dict, tables: dict, plan, minutes: float, machine: dict | 
             else []
         ),
         f"Cells: mean ± sd over {plan.feature_draws} feature draw(s) × {plan.seeds} seeds, in % (OPIS ×100); "
-        "Δ = paired mean difference to SS (same draw and seed); with several feature draws the draw is the unit "
+        "Δ = paired mean difference to SS (same draw and seed) ± the sd of the unit differences; with several "
+        "feature draws the draw is the unit "
         "(p: one-sample t-test of the per-draw mean differences, n = draws; the record also has the sd between "
         "draws and within a draw), with one draw the seed (paired t-test). Test split; thresholds chosen on the "
         "validation split"
