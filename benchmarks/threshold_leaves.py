@@ -1,8 +1,8 @@
 """Where a threshold query's hits lie, and what the leaf expansion recovers (issue #23).
 
-On the hard clustered gallery of ``benchmarks/threshold_search.py`` and its two query sets (new draws of the
-gallery's own clusters at the stand-in calibrated tau; draws of other clusters at their median-100-hits tau), from
-the exact answers:
+On the hard clustered gallery of ``benchmarks/threshold_search.py`` (its ``validation`` build) and its query sets
+(new draws of the gallery's own clusters at the stand-in calibrated tau; the same with added noise, and draws of
+other clusters, each at its own median-100-hits tau), from the exact answers:
 
 * the share of the hits in the query's own cluster;
 * for k-means partitions of the gallery (flat with ScaNN's leaf count; flat with the index's threshold partitions,
@@ -93,7 +93,7 @@ def main(argv=None) -> None:
     command = "python benchmarks/threshold_leaves.py " + " ".join(sys.argv[1:] if argv is None else argv)
     load = [ts._loadavg()]
     work = os.path.join(args.workdir, f"threshold_search_{args.n}")
-    state = ts.built_state(work, args.n) or ts.build(args.n, work)
+    state = ts.build(args.n, work, ("validation",))  # reuses a kept validation build
     index = GalleryIndex.load(os.path.join(work, "index"), expected_model=ts.MODEL, mmap=True)
     xs = np.asarray(np.load(os.path.join(work, "index", "embeddings.npy"), mmap_mode="r"))
     labels = ts.hard_gallery_labels(args.n)[index.ids]  # rows are in leaf order; ids are generator rows

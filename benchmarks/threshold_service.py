@@ -17,8 +17,10 @@ generated 100k gallery.
    * ``{"min_probability": 0.9}`` (0.8 or 0.5 when the map reaches no 0.9).
 
    Per mode, before the load, one request per caption for the first ``--hit_queries`` captions: mean, median and
-   largest number of hits, answers cut at ``--max_results``, and the set recall of the default threshold answers
-   against the exact ones (over the answers not cut). Every request that is not a 200 counts as failed.
+   largest number of hits, answers cut at ``--max_results``, the share of threshold responses flagged exact (each
+   result's ``answer``, issue #32) and the set recall the approximate ones promise, and the set recall of the
+   default threshold answers against the exact ones (over the answers not cut). Every request that is not a 200
+   counts as failed.
 3. **A generated gallery** (``--gallery``, default 100,000; 0 skips it): the hard clustered gallery of
    ``benchmarks/threshold_search.py`` behind ``benchmarks/service.py``'s hashed bag-of-words text tower (d = 128),
    with stand-in calibration from generated captions (not the load's): the "precision 0.9" threshold where the
@@ -204,8 +206,10 @@ def query_modes(manifest: dict) -> tuple[list[tuple[str, dict]], dict, list[str]
 
 
 def _hits(host: str, port: int, captions: list[str], fields: dict) -> tuple[dict, list]:
-    """One request per caption at concurrency 1: hit counts, and the answers' id sets (None where cut)."""
-    counts, cut, sets = [], 0, []
+    """One request per caption at concurrency 1: hit counts, the answers' id sets (None where cut) and, for
+    threshold modes, how the answers say they were made (each result's ``answer``: the share answered exactly and
+    the set recall the approximate ones promise)."""
+    counts, cut, sets, answers = [], 0, [], []
     for c in captions:
         status, payload = reliability._request(host, port, "POST", "/search", _body(c, fields))
         if status != 200:
@@ -214,13 +218,18 @@ def _hits(host: str, port: int, captions: list[str], fields: dict) -> tuple[dict
         counts.append(result.get("num_hits", len(result["hits"])))
         cut += bool(result.get("truncated"))
         sets.append(None if result.get("truncated") else {h["id"] for h in result["hits"]})
+        if "answer" in result:
+            answers.append(result["answer"])
     c = np.array(counts)
+    promised = [a["set_recall"] for a in answers if not a["exact"]]
     return {
         "queries": len(c),
         "mean": round(float(c.mean()), 2),
         "median": float(np.median(c)),
         "max": int(c.max()),
         "cut_at_max_results": cut,
+        "answered_exactly": round(float(np.mean([a["exact"] for a in answers])), 4) if answers else None,
+        "approximate_promised_set_recall": min(promised) if promised else None,
     }, sets
 
 
@@ -406,15 +415,17 @@ def _gallery_lines(g: dict) -> list[str]:
         lines[-1] += f"Export + index built in {e['seconds']} s (index {e['build_seconds']} s); {e['calibration']}."
     lines += [
         "",
-        "| query | concurrency | requests/s | p50 ms | p99 ms | hits per query (mean / max) | answered | failed |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| query | concurrency | requests/s | p50 ms | p99 ms | hits per query (mean / max) | answered exactly "
+        "(responses' flags) | answered | failed |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in g["rows"]:
         h = g["hits"][row["mode"]]
+        exactly = "-" if h.get("answered_exactly") is None else f"{h['answered_exactly']:.3f}"
         lines.append(
             f"| {row['mode']} `{json.dumps(row['request'])}` | {row['concurrency']} | "
             f"{row['requests_per_second']:,.1f} | {row['p50_ms']:.1f} | {row['p99_ms']:.1f} | "
-            f"{h['mean']:.1f} / {h['max']} | {row['answered']:,} | {row['failed']} |"
+            f"{h['mean']:.1f} / {h['max']} | {exactly} | {row['answered']:,} | {row['failed']} |"
         )
     return lines + [""]
 

@@ -6,6 +6,9 @@ asymmetric hashing + exact float32 re-ranking, so the returned scores are exact 
 chunked brute force. Threshold search is approximate by default on an index whose manifest records a measured set
 recall for it (``threshold_search``: top-k grown until the k-th score falls below tau), exact otherwise or with
 ``exact=True`` (``partitions.threshold_search``: ball-bounded leaves, or a blocked scan when pruning cannot win).
+Within the approximate search a query is still answered exactly when growing top-k would cost more than a scan or
+its hits look unlike the tuning queries' (``threshold_search``'s cost model and familiarity check);
+:meth:`GalleryIndex.answer_threshold` says for each query which it got (:class:`ThresholdAnswer`).
 
 Loading checks the index against the model it will be queried with: embedding dimension, normalisation and the
 export fingerprint must match, and the stored arrays must match the manifest; otherwise ``IndexMismatchError``.
@@ -27,12 +30,18 @@ from scann.scann_ops.py import scann_ops_pybind
 
 from ce_retrieval.evaluation.search import ExactSearch
 from ce_retrieval.serving import layout
+from ce_retrieval.serving import threshold_search as ts
 from ce_retrieval.serving.partitions import BallPartitions, threshold_search
 from ce_retrieval.serving.threshold_search import (
+    CostModel,
+    ThresholdAnswer,
     ThresholdParams,
-    expand_to_leaves,
+    familiarity,
     grow_topk_threshold,
+    hit_leaves,
+    probe_leaves,
     scann_leaves,
+    score_leaves,
 )
 
 EMBEDDINGS_FILE, IDS_FILE, PARTITIONS_FILE, SCANN_DIR = "embeddings.npy", "ids.npy", "partitions.npz", "scann"
@@ -83,6 +92,14 @@ class GalleryIndex:
             if scann_searcher is not None and approx and approx.get("meets_target")
             else None
         )
+        approx = approx or {}
+        # the familiarity check's limits, its probe and the set recall an approximate answer carries (manifests
+        # before #32: no check, no probe, and the figure measured over every tuning query)
+        familiar = approx.get("familiar") or {}
+        self.familiar_limits = {k: v["limit"] for k, v in familiar.items() if isinstance(v, dict) and "limit" in v}
+        self.probe_leaves = int(familiar.get("probe_leaves", 0))
+        served = (approx.get("served") or {}).get("set_recall_approximate")  # None: no tuning query went approximate
+        self.approximate_set_recall = served if served is not None else approx.get("set_recall_min")
         self._exact = None  # ExactSearch over the embeddings, made on first use (checks the gallery once)
 
     def _exact_rows(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -177,25 +194,83 @@ class GalleryIndex:
     def threshold_rows(
         self, queries: np.ndarray, threshold: float, *, exact: bool | None = None, limit: int | None = None
     ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """Per query, rows and scores (descending) of the items with score >= ``threshold``.
+        """Per query, rows and scores (descending) of the items with score >= ``threshold`` (``answer_threshold``
+        without the answers)."""
+        rows, scores, _ = self.answer_threshold_rows(queries, threshold, exact=exact, limit=limit)
+        return rows, scores
+
+    def answer_threshold_rows(
+        self, queries: np.ndarray, threshold: float, *, exact: bool | None = None, limit: int | None = None
+    ) -> tuple[list[np.ndarray], list[np.ndarray], list[ThresholdAnswer]]:
+        """Per query, rows and scores (descending) of the items with score >= ``threshold``, and how each answer
+        was made (:class:`ThresholdAnswer`).
 
         ``exact=None`` takes the index's default: approximate (``threshold_search.grow_topk_threshold``) when the
-        manifest records its measured set recall meeting the target, exact otherwise. With ``limit`` an approximate
-        query stops once it holds more than ``limit`` hits (the caller keeps the best ``limit``)."""
+        manifest records its measured set recall meeting the target, exact otherwise; within it, a query is answered
+        exactly when the cost model or the familiarity check says so (module docstring). With ``limit`` an
+        approximate query stops once it holds more than ``limit`` hits (the caller keeps the best ``limit``)."""
         queries = np.ascontiguousarray(queries, dtype=np.float32)
         tau = float(threshold)
+        asked = bool(exact)
         if exact is None:
             exact = self.threshold_params is None
         if exact or self.scann is None:
             rows, scores, _ = threshold_search(queries, self.embeddings, tau, self.partitions)
-            return rows, scores
+            return rows, scores, [ThresholdAnswer(True, 1.0, ts.ASKED if asked else ts.INDEX_EXACT)] * len(rows)
         p = self.threshold_params or ThresholdParams(
             start_k=int(self.reorder or 100), max_k=max(1, len(self) // 10), expand_leaves=True
         )
-        rows, scores, _ = grow_topk_threshold(queries, tau, self._threshold_topk(p), self._exact_threshold, p, limit)
-        if p.expand_leaves and self.partitions is not None:
-            rows, scores = expand_to_leaves(queries, tau, rows, self.embeddings, self.partitions)
-        return rows, scores
+        rows, scores, reasons, _ = self.approximate_threshold_rows(queries, tau, p, limit)
+        approximate = ThresholdAnswer(False, self.approximate_set_recall, ts.APPROXIMATE)
+        answers = [approximate if r == ts.APPROXIMATE else ThresholdAnswer(True, 1.0, r) for r in reasons]
+        return rows, scores, answers
+
+    def approximate_threshold_rows(
+        self, queries: np.ndarray, tau: float, p: ThresholdParams, limit: int | None = None, checks: bool = True
+    ) -> tuple[list[np.ndarray], list[np.ndarray], list[str], dict]:
+        """The approximate search with ``p``: grown top-k, then exact scores in the leaves holding a found hit
+        (``p.expand_leaves``) and in the probe leaves (``self.probe_leaves`` of them); with ``checks``, the cost
+        model and the familiarity check send queries to the exact search. Returns rows, scores, each query's reason
+        (``threshold_search.APPROXIMATE`` or why it was answered exactly) and the familiarity statistics (empty
+        without partitions). The build tunes with ``checks=False``."""
+        costs = self.threshold_costs(len(queries)) if checks else None
+        rows, scores, stats = grow_topk_threshold(
+            queries, tau, self._threshold_topk(p), self._exact_threshold, p, limit, costs
+        )
+        reasons = np.where(stats["exact"], ts.COST, ts.APPROXIMATE).astype(object)
+        if self.partitions is None:
+            return rows, scores, list(reasons), {}
+        found = list(rows)
+        have = hit_leaves(self.partitions, found)
+        probe = probe_leaves(self.partitions, queries, have, self.probe_leaves)
+        leaves = [np.union1d(h, v) if p.expand_leaves else v for h, v in zip(have, probe, strict=True)]
+        if checks:
+            sizes = np.diff(self.partitions.offsets)
+            items = np.array([sizes[v].sum() for v in leaves])
+            reasons[(reasons == ts.APPROXIMATE) & (stats["spent"] + costs.expansion(items) > costs.exact)] = ts.COST
+        scored = [i for i in np.flatnonzero(reasons == ts.APPROXIMATE) if len(leaves[i])]
+        if len(scored):
+            got_rows, got_scores = score_leaves(
+                queries[scored], tau, [leaves[i] for i in scored], self.embeddings, self.partitions
+            )
+            for j, i in enumerate(scored):
+                rows[i], scores[i] = _with_found(got_rows[j], got_scores[j], rows[i], scores[i], p.expand_leaves)
+        familiar = familiarity(self.partitions, found, have, probe, rows)
+        if checks:
+            for name, limit_ in self.familiar_limits.items():
+                reasons[(reasons == ts.APPROXIMATE) & (familiar[name] > limit_)] = ts.UNFAMILIAR
+        redo = np.flatnonzero((reasons != ts.APPROXIMATE) & ~stats["exact"])
+        if len(redo):
+            got_rows, got_scores = self._exact_threshold(queries[redo], tau)
+            for j, i in enumerate(redo):
+                rows[i], scores[i] = got_rows[j], got_scores[j]
+        return rows, scores, list(reasons), familiar
+
+    def threshold_costs(self, batch: int) -> CostModel:
+        """The cost model of this index's approximate search for a batch of ``batch`` queries
+        (``threshold_search.CostModel``)."""
+        params = self.manifest["params"]
+        return CostModel(len(self), int(params["num_leaves"]), int(params["leaves_to_search"]), batch)
 
     def _threshold_topk(self, p: ThresholdParams):
         num_leaves = int(self.manifest["params"]["num_leaves"])
@@ -214,8 +289,25 @@ class GalleryIndex:
         self, queries: np.ndarray, threshold: float, *, exact: bool | None = None, limit: int | None = None
     ) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Per query, ids and scores (descending) of the items with score >= threshold (see ``threshold_rows``)."""
-        rows, scores = self.threshold_rows(queries, threshold, exact=exact, limit=limit)
-        return [self.ids[r] for r in rows], scores
+        ids, scores, _ = self.answer_threshold(queries, threshold, exact=exact, limit=limit)
+        return ids, scores
+
+    def answer_threshold(
+        self, queries: np.ndarray, threshold: float, *, exact: bool | None = None, limit: int | None = None
+    ) -> tuple[list[np.ndarray], list[np.ndarray], list[ThresholdAnswer]]:
+        """Per query, ids, scores (descending) and how the answer was made (see ``answer_threshold_rows``)."""
+        rows, scores, answers = self.answer_threshold_rows(queries, threshold, exact=exact, limit=limit)
+        return [self.ids[r] for r in rows], scores, answers
+
+
+def _with_found(rows, scores, found_rows, found_scores, covered: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The leaf-scored hits, plus the rounds' hits where those leaves did not cover them (``covered``: the leaves
+    held every found hit), ordered by score descending then row."""
+    if covered:
+        return rows, scores
+    rows, scores = np.concatenate([found_rows, rows]), np.concatenate([found_scores, scores]).astype(np.float32)
+    order = np.lexsort((rows, -scores))
+    return rows[order], scores[order]
 
 
 def check_compatible(manifest: dict, export_meta: dict, where: str = "index") -> None:

@@ -54,8 +54,13 @@ from ce_retrieval.serving.gallery import (
 )
 from ce_retrieval.serving.partitions import BallPartitions, build_partitions, leaf_of_rows
 from ce_retrieval.serving.threshold_search import (
+    APPROXIMATE,
+    FAMILIAR_QUANTILE,
+    PROBE_LEAVES,
+    SPREAD_PRIOR,
     default_threshold_params,
     exact_sets,
+    set_recall,
     tau_for_median_hits,
     tune_threshold_params,
 )
@@ -142,6 +147,23 @@ def _tune_leaves(searcher, queries: np.ndarray, exact_rows: np.ndarray, p: Index
     return best["leaves_to_search"], best["reorder_num_neighbors"], best["recall_at_10"], table
 
 
+def gallery_tuning_queries(x: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray, str]:
+    """``(queries, own rows, description)`` the approximate threshold search is tuned on when the build has no
+    validation queries: ``THRESHOLD_TUNING_QUERIES`` gallery items, each searched for *without itself* (its own
+    row is dropped from its answer and from its truth). Held-out items are draws of the gallery's distribution, as
+    a query from its clusters is; the nearest-neighbour-moved points of ``_held_out_like`` are not (on the 1M hard
+    gallery, one index: set recall 0.961 for them, 0.993 for items, 0.992 for new draws of the gallery's
+    clusters), and tuning on them took 2x the leaves such traffic needs. Queries unlike the gallery's items are
+    what the per-query familiarity check is for (``threshold_search``)."""
+    n = min(len(x), THRESHOLD_TUNING_QUERIES)
+    rows = np.sort(np.random.default_rng(seed).choice(len(x), size=n, replace=False))
+    return np.asarray(x[rows]), rows, "gallery items as queries, each without itself (no validation queries given)"
+
+
+def _without_own_rows(sets: list[np.ndarray], own_rows: np.ndarray | None) -> list[np.ndarray]:
+    return sets if own_rows is None else [r[r != o] for r, o in zip(sets, own_rows, strict=True)]
+
+
 def tune_threshold_search(
     searcher,
     x: np.ndarray,
@@ -151,21 +173,34 @@ def tune_threshold_search(
     source: str,
     thresholds: dict | None,
     target: float,
+    own_rows: np.ndarray | None = None,
 ) -> dict:
-    """The manifest's ``threshold_search`` block of a ScaNN index: the approximate search's parameters and its set
-    recall against exact search on (at most ``THRESHOLD_TUNING_QUERIES``) evaluation queries, at each calibrated
-    threshold and at the threshold where the median query has 100 hits (so a figure exists even when the
-    calibrated thresholds admit no item of this gallery)."""
+    """The manifest's ``threshold_search`` block of a ScaNN index, from (at most ``THRESHOLD_TUNING_QUERIES``)
+    tuning ``queries`` (``own_rows``: each query's own gallery row, left out of its answer and truth, for gallery
+    items as queries: :func:`gallery_tuning_queries`):
+
+    * the approximate search's parameters reaching set recall ``target`` against exact search at each calibrated
+      threshold and at the threshold where the median query has 100 hits (so a figure exists even when the
+      calibrated thresholds admit no item of this gallery);
+    * ``familiar``: the ``FAMILIAR_QUANTILE`` of the tuning queries' familiarity statistics at those parameters
+      (``threshold_search.familiarity``), the limits of the per-query check;
+    * ``served``: the search as it answers (cost model and familiarity check on) on the same queries: set recall,
+      the share answered exactly, and the set recall of the answers given approximately (the figure each such
+      answer carries)."""
     q = queries[:THRESHOLD_TUNING_QUERIES]
+    own_rows = None if own_rows is None else own_rows[:THRESHOLD_TUNING_QUERIES]
     taus = dict(thresholds or {})
-    taus["median_100_hits"] = tau_for_median_hits(q, x, 100)
+    taus["median_100_hits"] = tau_for_median_hits(q, x, 100 + (own_rows is not None))  # an item is its own hit
     names = list(taus)
-    truth = dict(zip(names, exact_sets(q, x, [taus[t] for t in names]), strict=True))
+    exact = exact_sets(q, x, [taus[t] for t in names])
+    truth = {t: _without_own_rows(s, own_rows) for t, s in zip(names, exact, strict=True)}
     index = GalleryIndex("", {"params": params}, x, np.arange(len(x)), partitions, searcher)
+    index.probe_leaves = PROBE_LEAVES
+    familiar: dict[tuple[float, str], dict] = {}  # the familiarity statistics of each (tau, params) searched
 
     def search(queries_, tau, p):
-        index.threshold_params = p
-        return [np.sort(r) for r in index.threshold_rows(queries_, tau, exact=False)[0]]
+        rows, _, _, familiar[(tau, repr(p))] = index.approximate_threshold_rows(queries_, tau, p, checks=False)
+        return [np.sort(r) for r in _without_own_rows(rows, own_rows)]
 
     base = default_threshold_params(len(x), params["reorder_num_neighbors"])
     every_leaf = params["num_leaves"] / max(1, params["leaves_to_search"])  # the leaves factor that searches all
@@ -177,13 +212,22 @@ def tune_threshold_search(
     p, recalls, table = tune_threshold_params(
         search, q, taus, truth, base, target, max_leaves_factor=every_leaf, expansion_items=expansion_items
     )
+    for tau in taus.values():  # the chosen point's statistics at every threshold (the walk measured them, or now)
+        if (tau, repr(p)) not in familiar:
+            search(q, tau, p)
+    chosen = [familiar[(tau, repr(p))] for tau in taus.values()]
+    limits = {
+        name: float(np.quantile(np.concatenate([c[name] for c in chosen]), FAMILIAR_QUANTILE)) for name in chosen[0]
+    }
+    index.threshold_params, index.familiar_limits = p, limits
     measured = [r for r in recalls.values() if r is not None]
     return {
         "method": "approximate by default: ScaNN top-k with k grown x"
         f"{p.growth} from {p.start_k} until the k-th exact score < tau (exact past k = {p.max_k})"
         + ("; then every item of the partition leaves holding a hit, scored exactly" if p.expand_leaves else "")
-        + "; "
-        "exact=true: ball-bounded k-means leaves + exact re-scoring, or a blocked scan when pruning cannot win",
+        + "; a query is answered exactly instead when its next step would cost more than a scan (cost model) or "
+        "its hits look unlike the tuning queries' (familiar: spread over leaves, hits missed in probe leaves); "
+        "exact=true: ball-bounded k-means leaves + exact re-scoring, or a scan when pruning cannot win",
         "default": "approximate" if min(measured, default=1.0) >= target else "exact",
         "file": PARTITIONS_FILE,
         "partition_leaves": len(partitions.offsets) - 1,
@@ -197,8 +241,44 @@ def tune_threshold_search(
             "meets_target": min(measured, default=1.0) >= target,
             "num_queries": len(q),
             "query_source": source,
+            "measured_on": "given_queries" if own_rows is None else "gallery_items",
+            "familiar": {
+                "quantile": FAMILIAR_QUANTILE,
+                "probe_leaves": PROBE_LEAVES,
+                "spread": {
+                    "statistic": f"partition leaves holding the hits the rounds found / (found + {SPREAD_PRIOR:g})",
+                    "limit": limits["spread"],
+                },
+                "missed": {
+                    "statistic": f"hits in the {PROBE_LEAVES} probe leaves (highest mean score, no found hit) / "
+                    f"(found + {SPREAD_PRIOR:g})",
+                    "limit": limits["missed"],
+                },
+            },
+            "served": _served_figures(index, q, own_rows, taus, truth),
             "tuning": table,
         },
+    }
+
+
+def _served_figures(index: GalleryIndex, q: np.ndarray, own_rows, taus: dict, truth: dict) -> dict:
+    """The tuned search as it answers (checks on) on the tuning queries: set recall per threshold, the share of
+    queries answered exactly, and ``set_recall_approximate``: the lowest over thresholds of the set recall of the
+    answers it gave approximately."""
+    overall, approximate, exact_share = {}, {}, {}
+    for name, tau in taus.items():
+        rows, _, reasons, _ = index.approximate_threshold_rows(q, tau, index.threshold_params)
+        found = [np.sort(r) for r in _without_own_rows(rows, own_rows)]
+        approx = [i for i, r in enumerate(reasons) if r == APPROXIMATE]
+        overall[name] = set_recall(found, truth[name])
+        approximate[name] = set_recall([found[i] for i in approx], [truth[name][i] for i in approx])
+        exact_share[name] = 1.0 - len(approx) / len(q)
+    measured = [r for r in approximate.values() if r is not None]
+    return {
+        "set_recall": overall,
+        "exact_share": exact_share,
+        "set_recall_approximate_by_threshold": approximate,
+        "set_recall_approximate": min(measured) if measured else None,
     }
 
 
@@ -285,11 +365,18 @@ def write_index_folder(
     thresholds_out = thresholds_block(n, thresholds, probability, calibration)
     kind = "brute_force" if n < brute_force_below else "scann"
     p = default_params(n, params)
+    phases, lap = {}, [time.time()]  # seconds of the build's steps (the threshold search's share: issue #32)
+
+    def phase(name: str) -> None:
+        phases[name] = round(time.time() - lap[0], 3)
+        lap[0] = time.time()
+
     if kind == "scann":
         partition_leaves = min(max(n // PARTITION_LEAF_ITEMS, p.num_leaves), MAX_PARTITION_LEAVES)
         order, partitions = build_partitions(x, partition_leaves, seed=seed)
         x, ids = np.ascontiguousarray(x[order]), ids[order]
         partitions.save(os.path.join(folder, PARTITIONS_FILE))
+        phase("threshold_partitions")
         searcher = build_scann(x, p)
         q, source = evaluation_queries(x, queries, seed)
         exact_rows, _ = exact_search(q, x, 10)
@@ -307,9 +394,22 @@ def write_index_folder(
             "tuning": table,
         }
         params_out = dataclasses.asdict(p)
+        phase("scann_and_top10_tuning")
+        own_rows = None
+        if queries is None:  # tuned on gallery items, not on the top-10 tuning's moved points (gallery_tuning_queries)
+            q, own_rows, source = gallery_tuning_queries(x, seed)
         threshold_info = tune_threshold_search(
-            searcher, x, partitions, params_out, q, source, thresholds_out["threshold_at_precision"], target_set_recall
+            searcher,
+            x,
+            partitions,
+            params_out,
+            q,
+            source,
+            thresholds_out["threshold_at_precision"],
+            target_set_recall,
+            own_rows=own_rows,
         )
+        phase("threshold_tuning")
     else:
         threshold_info = {"method": "exact: brute force", "default": "exact", "file": None}
         params_out = {"exact": True}
@@ -327,6 +427,7 @@ def write_index_folder(
         "version": int(version),
         "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "build_seconds": round(time.time() - start, 3),
+        "build_phases_seconds": phases,
         "model": model_block(meta),
         "score": SCORE,
         "num_items": n,

@@ -25,14 +25,22 @@ with costs ``scan = B n``, ``union = _GATHER_COST B |union|``, ``pairs = _SMALL_
 _LEAF_COST #leaves`` in dot products. On diffuse high-dimensional data the bounds admit most leaves and the
 batch is a plain scan, so exact search costs at most the scan plus the bounds (B x L dot products, L ~ sqrt n).
 
+The scan itself (:func:`scan_hits`) splits the gallery's blocks over one worker thread per core, each running
+single-threaded BLAS: a NumPy scan runs its product on every core but the cut at tau (``np.nonzero(block >=
+tau)``) on one, while the workers overlap one block's cut with another's product.
+
 Members of a leaf are stored contiguously (the index keeps the gallery in leaf order), so a leaf is a slice.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import os
+import threading
 
 import numpy as np
+from threadpoolctl import ThreadpoolController
 
 _SLACK = 1e-4  # float32 rounding in the bounds; it only ever adds leaves, never drops one
 # Plan costs in dot products of a large scan (module docstring). In high dimension with diffuse leaves the bounds
@@ -43,6 +51,8 @@ _SMALL_PRODUCT_COST = 4.0  # a dot product inside one leaf's small matrix produc
 _LEAF_COST = 4096.0  # per leaf of the pairs plan: ~20 us of Python and small-array overhead
 _BLOCK_ELEMENTS = 1 << 22  # scores per product block (16 MiB of float32)
 _SCAN_BATCH = 256  # queries scanned together: each pass over the gallery serves more of them
+_SCAN_BLOCK_ROWS = 16384  # gallery rows per block of the worker scan (8 MiB of float32 at d = 128: cache-sized)
+SCAN_WORKERS = max(1, min(8, os.cpu_count() or 1))
 
 
 @dataclasses.dataclass
@@ -149,22 +159,68 @@ def _plan(partitions: BallPartitions, cand: np.ndarray, n: int) -> tuple[str, ob
 
 
 def _blocks(plan: str, what, q: np.ndarray, gallery: np.ndarray, offsets):
-    """``(query indices, score block, gallery rows of its columns)`` for each product of the plan."""
-    everyone = np.arange(len(q))
+    """``(query indices, score block, gallery rows of its columns)`` for each product of a union or pairs plan."""
     if plan == "pairs":
         for leaf in np.flatnonzero(what.any(axis=0)):
             s, e = offsets[leaf], offsets[leaf + 1]
             qi = np.flatnonzero(what[:, leaf])
             yield qi, q[qi] @ gallery[s:e].T, np.arange(s, e)
         return
-    total = len(gallery) if plan == "scan" else len(what)
+    everyone = np.arange(len(q))
     block_rows = max(4096, _BLOCK_ELEMENTS // max(1, len(q)))
-    for s in range(0, total, block_rows):
-        e = min(total, s + block_rows)
-        if plan == "scan":
-            yield everyone, q @ gallery[s:e].T, np.arange(s, e)
-        else:
-            yield everyone, q @ gallery[what[s:e]].T, what[s:e]
+    for s in range(0, len(what), block_rows):
+        yield everyone, q @ gallery[what[s : s + block_rows]].T, what[s : s + block_rows]
+
+
+def _plan_hits(plan: str, what, q: np.ndarray, gallery: np.ndarray, offsets, threshold: float):
+    """``(query indices, rows, scores, scores computed)`` of the hits of a union or pairs plan."""
+    hit_q, hit_row, hit_s, scored = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros(0, np.float32)], 0
+    for qi, block, where in _blocks(plan, what, q, gallery, offsets):
+        scored += block.size
+        bi, ri = np.nonzero(block >= threshold)
+        hit_q.append(qi[bi])
+        hit_row.append(where[ri])
+        hit_s.append(block[bi, ri])
+    return np.concatenate(hit_q), np.concatenate(hit_row), np.concatenate(hit_s), scored
+
+
+_BLAS = ThreadpoolController()  # inspects the loaded BLAS libraries once (a new one per call costs milliseconds)
+_SCAN_LOCK = threading.Lock()  # one worker scan at a time: each takes every core
+_SCAN_POOL: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def scan_hits(queries: np.ndarray, gallery: np.ndarray, threshold: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(query indices, rows, scores)`` of every ``q.x >= threshold`` by a scan of the whole gallery.
+
+    Blocks of ``_SCAN_BLOCK_ROWS`` rows are split over ``SCAN_WORKERS`` threads (one per core), BLAS limited to
+    one thread meanwhile (the limit is process-wide: another thread's product in that time runs on one core too).
+    Each block costs ``B x rows`` multiply-adds of d and one cut at tau; a NumPy scan with multi-threaded BLAS
+    runs the cut on one core while the others wait (``benchmarks/results/threshold_methods.md``: 2 workers on 2
+    cores 1.36x the NumPy scan at 1M)."""
+    global _SCAN_POOL
+    starts = list(range(0, len(gallery), _SCAN_BLOCK_ROWS))
+
+    def work(chunk: list[int]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        out = []
+        for s in chunk:
+            block = queries @ gallery[s : s + _SCAN_BLOCK_ROWS].T
+            bi, ri = np.nonzero(block >= threshold)
+            out.append((bi, ri + s, block[bi, ri]))
+        return out
+
+    workers = min(SCAN_WORKERS, len(starts))
+    if workers <= 1:
+        got = work(starts)
+    else:
+        chunks = [starts[i::workers] for i in range(workers)]
+        with _SCAN_LOCK:
+            if _SCAN_POOL is None:
+                _SCAN_POOL = concurrent.futures.ThreadPoolExecutor(SCAN_WORKERS, thread_name_prefix="scan")
+            with _BLAS.limit(limits=1, user_api="blas"):
+                got = [hit for part in _SCAN_POOL.map(work, chunks) for hit in part]
+    if not got:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32)
+    return tuple(np.concatenate([g[i] for g in got]) for i in range(3))
 
 
 def threshold_search(
@@ -205,16 +261,12 @@ def threshold_search(
         by_leaf = np.argsort(np.argmax(qc, axis=1), kind="stable")  # a batch's queries admit similar leaves
     for batch, plan, what in _batches(by_leaf, cand, partitions, n, query_batch):
         q = queries[batch]
-        hit_q, hit_row, hit_s = [], [], []
-        for qi, block, where in _blocks(plan, what, q, gallery, None if partitions is None else partitions.offsets):
-            scored += block.size
-            bi, ri = np.nonzero(block >= threshold)
-            hit_q.append(qi[bi])
-            hit_row.append(where[ri])
-            hit_s.append(block[bi, ri])
-        hq = np.concatenate(hit_q) if hit_q else np.zeros(0, np.int64)
-        hr = np.concatenate(hit_row) if hit_row else np.zeros(0, np.int64)
-        hs = np.concatenate(hit_s) if hit_s else np.zeros(0, np.float32)
+        if plan == "scan":
+            hq, hr, hs = scan_hits(q, gallery, threshold)
+            scored += len(q) * n
+        else:
+            hq, hr, hs, block_scores = _plan_hits(plan, what, q, gallery, partitions.offsets, threshold)
+            scored += block_scores
         if leaves is not None:  # a scan or union plan also scores rows outside a query's own leaves: drop them
             own = cand[batch[hq], leaf_of_rows(partitions, hr)]
             hq, hr, hs = hq[own], hr[own], hs[own]

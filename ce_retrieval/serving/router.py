@@ -40,6 +40,7 @@ from ce_retrieval.serving import layout
 from ce_retrieval.serving.gallery import SHARDED_FORMAT, IndexMismatchError, check_compatible
 from ce_retrieval.serving.merge import merge_threshold, merge_topk
 from ce_retrieval.serving.searcher import Searcher
+from ce_retrieval.serving.threshold_search import ThresholdAnswer, merge_answers
 from ce_retrieval.serving.wire import SEARCH_PATH, ShardCoverage, ShardsUnavailableError, encode_queries
 
 __all__ = [  # ShardCoverage and ShardsUnavailableError live in wire.py; importing them from here keeps working
@@ -265,6 +266,15 @@ class RemoteShards:
         """Per query every hit with score >= ``threshold`` over the shards that answered (the best ``limit`` when
         given, ``truncated`` when more exist), and the coverage. Each shard runs its own threshold search (its
         index's default, or exact with ``exact``); the merge is exact over what they return."""
+        ids, scores, truncated, coverage, _ = self.search_threshold_answers(queries, threshold, limit, exact)
+        return ids, scores, truncated, coverage
+
+    def search_threshold_answers(
+        self, queries, threshold: float, limit: int | None = None, exact: bool = False
+    ) -> tuple[list[np.ndarray], list[np.ndarray], list[bool], ShardCoverage, list[ThresholdAnswer]]:
+        """``search_threshold`` and each query's answer merged over the shards that answered
+        (``threshold_search.merge_answers``; a shard server that sends none counts as approximate, recall
+        unknown)."""
         mode = {"threshold": float(threshold)}
         if limit is not None:
             mode["limit"] = int(limit)
@@ -279,7 +289,11 @@ class RemoteShards:
             or (limit is not None and sum(len(results[s][b]["ids"]) for s in coverage.answered) > limit)
             for b in range(len(q))
         ]
-        return ids, scores, truncated, coverage
+        answers = [
+            merge_answers([ThresholdAnswer.from_json(results[s][b].get("answer")) for s in coverage.answered])
+            for b in range(len(q))
+        ]
+        return ids, scores, truncated, coverage, answers
 
     def topk(self, queries, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Like ``GalleryIndex.topk``; raises :class:`ShardsUnavailableError` unless every shard answered."""

@@ -40,6 +40,7 @@ from ce_retrieval.serving import layout
 from ce_retrieval.serving.export import TEXT_INPUT, load_signature
 from ce_retrieval.serving.gallery import IndexMismatchError
 from ce_retrieval.serving.sharded_index import load_index
+from ce_retrieval.serving.threshold_search import ThresholdAnswer
 from ce_retrieval.serving.wire import ShardCoverage
 
 PROBE_ATOL = 1e-4
@@ -58,6 +59,7 @@ class QueryResult:
     truncated: bool = False  # threshold search returned more than ``limit`` hits; only the best are kept
     coverage: ShardCoverage | None = None  # sharded index only: which shards answered
     probabilities: list | None = None  # per hit: P(relevant | score) from the manifest's map, or None without one
+    answer: ThresholdAnswer | None = None  # threshold results: exact, or approximate with its measured set recall
 
     @property
     def partial(self) -> bool:
@@ -73,8 +75,9 @@ class QueryResult:
         return {} if self.coverage is None else dict(self.coverage.missing)
 
     def to_json(self, coverage: bool = True) -> dict:
-        """Hits as JSON; with a sharded index (and ``coverage``) also ``partial``, ``shards_answered`` and
-        ``shards_missing`` (shard number as a string -> reason)."""
+        """Hits as JSON; a threshold result also ``answer`` (``{"exact", "set_recall", "reason"}``: how it was made,
+        ``threshold_search.ThresholdAnswer``); with a sharded index (and ``coverage``) also ``partial``,
+        ``shards_answered`` and ``shards_missing`` (shard number as a string -> reason)."""
         probs = self.probabilities or [None] * len(self.ids)
         out = {
             "hits": [
@@ -84,6 +87,8 @@ class QueryResult:
             "num_hits": int(len(self.ids)),
             "truncated": self.truncated,
         }
+        if self.answer is not None:
+            out["answer"] = self.answer.to_json()
         if coverage and self.coverage is not None:
             cov = self.coverage.to_json()
             out.update(partial=self.partial, shards_answered=cov["answered"], shards_missing=cov["missing"])
@@ -276,9 +281,13 @@ class Searcher:
                 for i, s in zip(ids, scores, strict=True)
             ]
         if remote:  # each shard sends at most ``limit`` hits; the merge keeps the best ``limit`` of the union
-            ids, scores, truncated, coverage = self.index.search_threshold(queries, float(threshold), limit, exact)
+            ids, scores, truncated, coverage, answers = self.index.search_threshold_answers(
+                queries, float(threshold), limit, exact
+            )
         else:
-            ids, scores = self.index.threshold(queries, float(threshold), exact=True if exact else None, limit=limit)
+            ids, scores, answers = self.index.answer_threshold(
+                queries, float(threshold), exact=True if exact else None, limit=limit
+            )
             truncated, coverage = [limit is not None and len(i) > limit for i in ids], _full_coverage(self.index)
             ids = [i[:limit] if cut else i for i, cut in zip(ids, truncated, strict=True)]
             scores = [s[:limit] if cut else s for s, cut in zip(scores, truncated, strict=True)]
@@ -290,8 +299,9 @@ class Searcher:
                 truncated=bool(cut),
                 coverage=coverage,
                 probabilities=self.probabilities(s),
+                answer=a,
             )
-            for i, s, cut in zip(ids, scores, truncated, strict=True)
+            for i, s, cut, a in zip(ids, scores, truncated, answers, strict=True)
         ]
 
 

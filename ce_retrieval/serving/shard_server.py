@@ -223,10 +223,14 @@ def _search(req: dict) -> list[dict]:
         return [{"ids": i.tolist(), "scores": s.tolist(), "truncated": False} for i, s in zip(ids, scores, strict=True)]
     limit, out = req["limit"], []
     # exact: the shard's exact search; otherwise its default (approximate where its build measured the set recall)
-    ids, scores = index.threshold(req["queries"], req["threshold"], exact=True if req["exact"] else None, limit=limit)
-    for i, s in zip(ids, scores, strict=True):
+    ids, scores, answers = index.answer_threshold(
+        req["queries"], req["threshold"], exact=True if req["exact"] else None, limit=limit
+    )
+    for i, s, a in zip(ids, scores, answers, strict=True):
         cut = len(i) > limit
-        out.append({"ids": i[:limit].tolist(), "scores": s[:limit].tolist(), "truncated": bool(cut)})
+        out.append(
+            {"ids": i[:limit].tolist(), "scores": s[:limit].tolist(), "truncated": bool(cut), "answer": a.to_json()}
+        )
     return out
 
 

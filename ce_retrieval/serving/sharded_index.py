@@ -65,6 +65,7 @@ from ce_retrieval.serving.index import (
     write_index_folder,
 )
 from ce_retrieval.serving.merge import merge_threshold, merge_topk
+from ce_retrieval.serving.threshold_search import ThresholdAnswer, merge_answers
 from ce_retrieval.utils.atomic import atomic_directory
 
 __all__ = [
@@ -431,11 +432,21 @@ class ShardedIndex:
         """Per query, ids and scores (descending, ties by id) of the items with score >= threshold: every shard runs
         ``GalleryIndex.threshold`` (``exact`` / ``limit`` as there) and the union of their answers is merged
         exactly (with ``limit``, the best ``limit + 1`` of the union, so the caller still sees that it was cut)."""
+        ids, scores, _ = self.answer_threshold(queries, threshold, exact=exact, limit=limit)
+        return ids, scores
+
+    def answer_threshold(
+        self, queries: np.ndarray, threshold: float, *, exact: bool | None = None, limit: int | None = None
+    ) -> tuple[list[np.ndarray], list[np.ndarray], list[ThresholdAnswer]]:
+        """``threshold`` with each query's answer merged over the shards (``threshold_search.merge_answers``:
+        exact where every shard's is, else approximate with the lowest shard figure)."""
         queries = np.ascontiguousarray(queries, dtype=np.float32)
-        answers = self._map(lambda shard: shard.threshold(queries, threshold, exact=exact, limit=limit))
-        return merge_threshold(
+        answers = self._map(lambda shard: shard.answer_threshold(queries, threshold, exact=exact, limit=limit))
+        ids, scores = merge_threshold(
             [a[0] for a in answers], [a[1] for a in answers], None if limit is None else int(limit) + 1
         )
+        per_query = zip(*(a[2] for a in answers), strict=True)  # [shard][query] -> [query][shard]
+        return ids, scores, [merge_answers(list(shards)) for shards in per_query]
 
     def close(self) -> None:
         """Stops the search threads (they also stop when the index is garbage-collected)."""

@@ -33,6 +33,34 @@ is measured on held-out evaluation queries at each calibrated threshold, the fir
 reorder_factor, expand_leaves)`` of the tuning walk reaching the target (0.99) is chosen (``tune_threshold_params``)
 and the figures go in the manifest (``threshold_search``). ``exact=True`` (or an index without such a measurement)
 uses the exact search.
+
+Two per-query checks keep the approximate search from losing to the exact one (issue #32):
+
+* **Cost** (:class:`CostModel`): costs per query in units of one (query, item) product of a batched scan,
+
+      round(k) = QUANTISED_ITEM x items in the searched ScaNN leaves + RESCORED_ITEM x ceil(reorder_factor k)
+                 + ROUND_ITEMS,        expansion = EXPANDED_ITEM x members of the hits' leaves,
+      exact    = n (1 + SCAN_READ / B)      (a batch of B queries reads the gallery once),
+
+  and a round runs only while the query's spent cost plus the round's stays within ``BUDGET x exact``, the
+  leaf scoring after the rounds only while the total stays within ``exact``; otherwise the query is answered
+  exactly. A query answered approximately therefore costs at most one exact search, and one that switches at most
+  ``1 + BUDGET`` of them (what it spent, then the scan); where the first round alone would cost more than
+  ``BUDGET x exact`` (a small gallery, or a tuning that searches most leaves) every query is answered exactly
+  without a round. ``BUDGET`` < 1 trades the queries that would have finished between ``BUDGET`` and 1 exact
+  search (answered exactly instead, at 1 to 1 + ``BUDGET``) for a lower worst case: measured at 200k, where the
+  tuned first round cost 0.9 of a scan, ``BUDGET`` = 1 let half the queries pay that round and then the scan.
+* **Familiarity** (:func:`familiarity`): two statistics of what the rounds found, each over (found +
+  SPREAD_PRIOR). ``spread``: the partition leaves holding the found hits; small when the hits share leaves (the
+  expansion then recovers the rest), near 1 when each lies in its own leaf (queries unlike the gallery's, whose
+  hits the expansion cannot reach: ``benchmarks/results/threshold_leaves.md``). ``missed``: the hits in the
+  ``PROBE_LEAVES`` leaves of highest mean score that held no found hit (:func:`probe_leaves`, scored exactly for
+  every approximate answer, their hits kept); hits there are hits the rounds missed, which happens where the
+  quantised scores mislead (queries far from the gallery's clusters). Past the ``FAMILIAR_QUANTILE`` of the
+  tuning queries' values of either (``familiar`` in the manifest) the query is answered exactly.
+
+Each query's answer says which path made it (:class:`ThresholdAnswer`): exact, or approximate with the set recall
+measured on the tuning queries the index answered approximately.
 """
 
 from __future__ import annotations
@@ -46,7 +74,19 @@ import numpy as np
 from ce_retrieval.evaluation.search import exact_search
 from ce_retrieval.serving.partitions import BallPartitions, leaf_of_rows, threshold_search, union_rows
 
-__all__ = ["ThresholdParams", "expand_to_leaves", "grow_topk_threshold", "set_recall", "tune_threshold_params"]
+__all__ = [
+    "CostModel",
+    "ThresholdAnswer",
+    "ThresholdParams",
+    "expand_to_leaves",
+    "grow_topk_threshold",
+    "familiarity",
+    "merge_answers",
+    "probe_leaves",
+    "score_leaves",
+    "set_recall",
+    "tune_threshold_params",
+]
 
 GROWTH = 4
 # The tuning walks leaves factors upwards and, at each, deepens the re-scoring (x 2) until the target is met or
@@ -83,27 +123,157 @@ class ThresholdParams:
         return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
 
 
+# Cost model (module docstring), in units of one (query, item) product of the batched exact scan
+# (``partitions.scan_hits``): benchmarks/threshold_cost_model.py, record threshold_cost_model.md.
+BUDGET = 0.5  # of an exact search: the rounds a query may spend before it is answered exactly
+SCAN_READ = 10.0  # reading one gallery item, once per batch: a one-query scan costs (1 + SCAN_READ) per item
+QUANTISED_ITEM = 0.5  # an item of a searched ScaNN leaf: 64 4-bit table look-ups (d = 128, 2 dims a block)
+RESCORED_ITEM = 50.0  # a candidate ScaNN re-scores exactly and returns (gathered product, top-k, the result arrays)
+EXPANDED_ITEM = 30.0  # a member of an expanded partition leaf (gathered, scored with its leaf's queries)
+ROUND_ITEMS = 20_000.0  # a ScaNN call's fixed part per query (ranking its leaves' centres, call overhead)
+SPREAD_PRIOR = 10.0  # found hits added to the statistics' denominator: a query with few hits is not called unlike
+FAMILIAR_QUANTILE = 0.99  # tuning queries' quantile of each statistic past which a query counts as unlike them
+PROBE_LEAVES = 4  # leaves of highest mean score holding no found hit, scored for every approximate answer
+
+
+@dataclasses.dataclass(frozen=True)
+class CostModel:
+    """Per-query costs of the approximate search's steps and of an exact search for a batch of ``batch`` queries
+    (module docstring). ``base_leaves`` is the top-10 setting's ScaNN leaves."""
+
+    n: int
+    num_leaves: int
+    base_leaves: int
+    batch: int = 1
+
+    @property
+    def exact(self) -> float:
+        return self.n * (1.0 + SCAN_READ / max(1, self.batch))
+
+    def round(self, k: int, p: ThresholdParams) -> float:
+        leaves = scann_leaves(self.base_leaves, self.num_leaves, self.n, k, p)
+        searched = leaves * self.n / self.num_leaves
+        return QUANTISED_ITEM * searched + RESCORED_ITEM * math.ceil(p.reorder_factor * k) + ROUND_ITEMS
+
+    def expansion(self, items: np.ndarray) -> np.ndarray:
+        return EXPANDED_ITEM * np.asarray(items, dtype=np.float64)
+
+
+@dataclasses.dataclass(frozen=True)
+class ThresholdAnswer:
+    """How one query's threshold answer was made: ``exact``, or approximate with ``set_recall`` (the figure the
+    build measured for approximate answers; None where no figure applies), and why (``reason``)."""
+
+    exact: bool
+    set_recall: float | None
+    reason: str
+
+    def to_json(self) -> dict:
+        return {"exact": self.exact, "set_recall": self.set_recall, "reason": self.reason}
+
+    @classmethod
+    def from_json(cls, d: dict | None) -> ThresholdAnswer:
+        """An answer from JSON; a peer that sends none (older shard servers) made an answer of unknown recall."""
+        if not isinstance(d, dict) or not isinstance(d.get("exact"), bool):
+            return cls(exact=False, set_recall=None, reason=UNKNOWN)
+        recall = d.get("set_recall")
+        recall = float(recall) if isinstance(recall, (int, float)) and not isinstance(recall, bool) else None
+        return cls(exact=d["exact"], set_recall=recall, reason=str(d.get("reason", UNKNOWN)))
+
+
+# ThresholdAnswer.reason
+ASKED = "exact search asked for"
+INDEX_EXACT = "exact: the index has no measured approximate search"
+COST = "exact: growing top-k would cost more than a scan"
+UNFAMILIAR = "exact: the hits found spread over more leaves than the tuning queries' (a query unlike them)"
+APPROXIMATE = "approximate"
+UNKNOWN = "unknown (a shard that does not report how it answered)"
+MERGED = "merged from shards' answers"
+
+
+def merge_answers(answers: list[ThresholdAnswer]) -> ThresholdAnswer:
+    """One query's answer over disjoint shards: exact when every shard's is; otherwise approximate with the lowest
+    shard figure (the union's set recall is the hit-weighted mean of the shards', never below their lowest)."""
+    if len(answers) == 1:
+        return answers[0]
+    if all(a.exact for a in answers):
+        return ThresholdAnswer(True, 1.0, answers[0].reason if len({a.reason for a in answers}) == 1 else MERGED)
+    approx = [a for a in answers if not a.exact]
+    recalls = [a.set_recall for a in approx]
+    reasons = {a.reason for a in approx}
+    return ThresholdAnswer(
+        False, None if None in recalls else min(recalls), reasons.pop() if len(reasons) == 1 else MERGED
+    )
+
+
+def familiarity(
+    partitions: BallPartitions, found: list[np.ndarray], have: list[np.ndarray], probe: list[np.ndarray], rows
+) -> dict[str, np.ndarray]:
+    """The two statistics of the familiarity check (module docstring), per query: ``spread`` = leaves ``have``
+    holding the ``found`` hits / (found + SPREAD_PRIOR), and ``missed`` = hits among the final ``rows`` that lie in
+    the ``probe`` leaves (which held no found hit) / (found + SPREAD_PRIOR)."""
+    denominator = np.array([len(f) for f in found], dtype=np.float64) + SPREAD_PRIOR
+    missed = [np.isin(leaf_of_rows(partitions, r), v).sum() for r, v in zip(rows, probe, strict=True)]
+    return {
+        "spread": np.array([len(v) for v in have], dtype=np.float64) / denominator,
+        "missed": np.array(missed, dtype=np.float64) / denominator,
+    }
+
+
+def probe_leaves(
+    partitions: BallPartitions, queries: np.ndarray, have: list[np.ndarray], count: int = PROBE_LEAVES
+) -> list[np.ndarray]:
+    """Per query, the ``count`` partition leaves of highest mean score ``q.mu_l`` among those not in ``have[q]``
+    (ascending): where hits the rounds missed would most likely be."""
+    qc = queries @ partitions.centers.T
+    out = []
+    for scores, own in zip(qc, have, strict=True):
+        m = min(len(scores), count + len(own))
+        top = np.argpartition(-scores, m - 1)[:m] if m else np.zeros(0, np.int64)
+        top = top[np.argsort(-scores[top], kind="stable")]
+        out.append(np.sort(top[~np.isin(top, own)][:count]))
+    return out
+
+
+def hit_leaves(partitions: BallPartitions, found: list[np.ndarray]) -> list[np.ndarray]:
+    """The partition leaves (ascending) holding each query's found rows."""
+    return [np.unique(leaf_of_rows(partitions, np.asarray(r, np.int64))) for r in found]
+
+
 TopK = Callable[[np.ndarray, int], tuple[np.ndarray, np.ndarray]]
 Exact = Callable[[np.ndarray, float], tuple[list[np.ndarray], list[np.ndarray]]]
 
 
 def grow_topk_threshold(
-    queries: np.ndarray, tau: float, topk: TopK, exact: Exact, p: ThresholdParams, limit: int | None = None
+    queries: np.ndarray,
+    tau: float,
+    topk: TopK,
+    exact: Exact,
+    p: ThresholdParams,
+    limit: int | None = None,
+    costs: CostModel | None = None,
 ) -> tuple[list[np.ndarray], list[np.ndarray], dict]:
     """Per query, rows and scores (descending) of the items with score >= ``tau`` found by growing top-k.
 
     ``topk(q, k) -> (rows [B, k'], scores [B, k'])``: exact re-scored scores, descending, padding non-finite.
-    ``exact(q, tau) -> (rows, scores)`` lists: used for queries still above tau at ``p.max_k``.
-    Returns ``(rows, scores, stats)`` with ``stats = {"rounds", "exact_queries", "max_k"}``.
+    ``exact(q, tau) -> (rows, scores)`` lists: used for queries still above tau at ``p.max_k`` or, with ``costs``,
+    before a round that would take a query's spent cost past ``BUDGET x costs.exact``.
+    Returns ``(rows, scores, stats)`` with ``stats = {"rounds", "exact_queries", "max_k", "exact" (bool [B]: answered
+    by ``exact``), "spent" (float [B]: each query's round costs, 0 without ``costs``)}``.
     """
     queries = np.ascontiguousarray(queries, dtype=np.float32)
     b = len(queries)
     rows: list[np.ndarray] = [np.zeros(0, np.int64)] * b
     scores: list[np.ndarray] = [np.zeros(0, np.float32)] * b
+    spent = np.zeros(b)
     todo = np.arange(b)
     k, rounds, k_used = max(1, int(p.start_k)), 0, 0
     while len(todo):
         k = min(k, p.max_k)
+        cost = 0.0 if costs is None else costs.round(k, p)
+        if costs is not None and spent[todo[0]] + cost > BUDGET * costs.exact:  # all left have spent the same
+            break  # growing further may cost more than scanning: the rest are answered exactly
+        spent[todo] += cost
         got_rows, got_scores = topk(queries[todo], k)
         rounds, k_used = rounds + 1, k
         above = np.isfinite(got_scores) & (got_scores >= tau)
@@ -119,11 +289,14 @@ def grow_topk_threshold(
         if k >= p.max_k:
             break
         k *= p.growth
-    if len(todo):  # still above tau at max_k: a scan is cheaper than more rounds
+    answered_exactly = np.zeros(b, dtype=bool)
+    if len(todo):  # still above tau at max_k, or past the cost model's budget: a scan is cheaper than more rounds
         ex_rows, ex_scores = exact(queries[todo], tau)
         for j, i in enumerate(todo):
             rows[i], scores[i] = ex_rows[j], ex_scores[j]
-    return rows, scores, {"rounds": rounds, "exact_queries": int(len(todo)), "max_k": k_used}
+        answered_exactly[todo] = True
+    stats = {"rounds": rounds, "exact_queries": int(len(todo)), "max_k": k_used}
+    return rows, scores, stats | {"exact": answered_exactly, "spent": spent}
 
 
 SMALL_EXPANSION = 8  # up to this many queries, expand_to_leaves scores query by query without BLAS
@@ -132,7 +305,14 @@ SMALL_EXPANSION = 8  # up to this many queries, expand_to_leaves scores query by
 def expand_to_leaves(
     queries: np.ndarray, tau: float, found: list[np.ndarray], gallery: np.ndarray, partitions: BallPartitions
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Every item with ``q.x >= tau`` in the leaves that hold a row of ``found[q]`` (exactly scored; descending).
+    """Every item with ``q.x >= tau`` in the leaves that hold a row of ``found[q]`` (``score_leaves``)."""
+    return score_leaves(queries, tau, hit_leaves(partitions, found), gallery, partitions)
+
+
+def score_leaves(
+    queries: np.ndarray, tau: float, leaves: list[np.ndarray], gallery: np.ndarray, partitions: BallPartitions
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Every item with ``q.x >= tau`` in the partition leaves ``leaves[q]`` (exactly scored; descending).
 
     A query's hits are few leaves' worth of items (those near it), but the ANN ranks leaves by their centres and
     misses the hits of leaves it ranks low; one hit it did find brings in its leaf and every hit there
@@ -145,11 +325,11 @@ def expand_to_leaves(
     pools of every request thread contend (measured through 8 threads at 100k: 90 queries/s with BLAS, against
     ~2,600 for one thread). Larger batches go through ``partitions.threshold_search``: one product per leaf with
     every query that probes it."""
-    leaf = [np.unique(leaf_of_rows(partitions, np.asarray(r, np.int64))) for r in found]
+    leaf = [np.asarray(v, np.int64) for v in leaves]
     if len(queries) <= SMALL_EXPANSION:
         out_rows, out_scores = [], []
-        for q, leaves in zip(queries, leaf, strict=True):
-            rows = union_rows(partitions, leaves)
+        for q, mine in zip(queries, leaf, strict=True):
+            rows = union_rows(partitions, mine)
             scores = np.einsum("ij,j->i", gallery[rows], q)  # no BLAS (docstring)
             keep = scores >= tau
             rows, scores = rows[keep], scores[keep]
@@ -158,7 +338,7 @@ def expand_to_leaves(
             out_scores.append(scores[order].astype(np.float32))
         return out_rows, out_scores
     mask = np.zeros((len(queries), len(partitions.offsets) - 1), dtype=bool)
-    mask[np.repeat(np.arange(len(found)), [len(x) for x in leaf]), np.concatenate(leaf).astype(np.int64)] = True
+    mask[np.repeat(np.arange(len(leaf)), [len(x) for x in leaf]), np.concatenate([np.zeros(0, np.int64), *leaf])] = True
     # one batch: each leaf is one product with every query that probes it (few leaves per query, many queries)
     out_rows, out_scores, _ = threshold_search(
         queries, gallery, tau, partitions, query_batch=max(1, len(queries)), leaves=mask

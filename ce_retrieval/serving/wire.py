@@ -3,6 +3,8 @@
     POST SEARCH_PATH  {"version": v, "queries": [[float, ...], ...] | "queries_b64": "...", "k": k}
                       {"version": v, "queries" | "queries_b64": ..., "threshold": t, "limit": L, "exact": true}
                       -> {"version": v, "shard": i, "results": [{"ids": [...], "scores": [...], "truncated": b}]}
+                      (threshold results also carry "answer": {"exact": b, "set_recall": r, "reason": "..."},
+                      how the shard made it: ``threshold_search.ThresholdAnswer``; absent from older servers)
 
 Queries travel either as JSON lists of floats or, faster and about 4x smaller, as ``queries_b64``: base64 of
 the row-major little-endian float32 bytes of the [B, d] query matrix (:func:`encode_queries`, what the router

@@ -25,7 +25,8 @@ def test_threshold_leaves_bench_writes_its_record(tmp_path):
     bench = load_benchmark("threshold_leaves")
     bench.main(["--n", "20000", "--queries", "20", "--workdir", str(tmp_path), "--out", str(tmp_path / "out")])
     r = json.loads((tmp_path / "out" / "threshold_leaves.json").read_text())
-    assert set(r["query_sets"]) == {"gallery_clusters", "other_clusters"} and r["machine"]["cpu_count"]
+    assert set(r["query_sets"]) == {"gallery_clusters", "gallery_clusters_noisy", "other_clusters"}
+    assert r["machine"]["cpu_count"]
     same = r["query_sets"]["gallery_clusters"]
     assert 0 <= same["own_cluster_share"] <= 1  # at 20k (10 items a cluster) most of 100 hits are elsewhere
     for st in same["partitions"].values():

@@ -39,33 +39,54 @@ def test_kth_scores_is_the_kth_best_score():
     np.testing.assert_allclose(bench.kth_scores(q, x[:3], 5), want, rtol=1e-5, atol=1e-5)
 
 
+def test_noisy_queries_are_further_from_their_clusters():
+    bench = load_benchmark("threshold_search")
+    x = bench.hard_gallery(20000)
+    same = bench.hard_gallery(200, stream=bench.QUERY_STREAM)
+    noisy = bench.hard_gallery(200, stream=bench.QUERY_STREAM, noise=bench.QUERY_NOISE)
+    assert np.median(np.max(same @ x.T, axis=1)) > np.median(np.max(noisy @ x.T, axis=1))
+    np.testing.assert_array_equal(bench.hard_gallery(200, stream=bench.QUERY_STREAM, noise=0.0), same)
+
+
 @pytest.mark.slow
 def test_threshold_search_bench_keeps_and_reuses_its_index(tmp_path):
+    """Both builds (with validation queries, and build_index's defaults), three query sets each, the answers'
+    flags, kept and reused."""
     bench = load_benchmark("threshold_search")
     argv = ["--n", "20000", "--queries", "20", "--repeats", "1", "--workdir", str(tmp_path), "--keep"]
     argv += ["--out", str(tmp_path / "out")]
     bench.main(argv)
-    first = json.loads((tmp_path / "out" / "threshold_search_20000.json").read_text())
-    assert first["complete"] and not first["index_reused"]
-    assert set(first["query_sets"]) == {"gallery_clusters", "other_clusters"}
-    for qs in first["query_sets"].values():
-        assert set(qs["queries_per_second"]) == {
-            "top10",
-            "top100_threshold_setting",
-            "threshold_approximate",
-            "threshold_exact",
-            "numpy_scan",
-        }
-        assert qs["exact_equals_scan"] and qs["hits"]["median"] >= 20 and 0 < qs["recall_at_10"] <= 1
-    # the calibrated stand-in tau and the build's validation queries come from the gallery's clusters
-    assert first["query_sets"]["gallery_clusters"]["tau"] == first["tau"]
-    assert first["query_sets"]["gallery_clusters"]["set_recall_held_out"] >= 0.9
-    assert first["manifest_ann"]["query_source"] == "given queries"
+    first = json.loads((tmp_path / "out" / "threshold_search_issue32_20000.json").read_text())
+    assert first["complete"] and set(first["builds"]) == {"validation", "defaults"}
+    for b in first["builds"].values():
+        assert not b["index_reused"]
+        assert set(b["query_sets"]) == {"gallery_clusters", "gallery_clusters_noisy", "other_clusters"}
+        for qs in b["query_sets"].values():
+            assert set(qs["queries_per_second"]) == {
+                "top10",
+                "top100_threshold_setting",
+                "threshold_approximate",
+                "threshold_exact",
+                "numpy_scan",
+            }
+            assert qs["exact_equals_scan"] and qs["hits"]["median"] >= 20 and 0 < qs["recall_at_10"] <= 1
+            assert 0 <= qs["answers"]["exact_share"] <= 1 and sum(qs["answers"]["reasons"].values()) == 20
+        # the calibrated stand-in tau and the build's validation queries come from the gallery's clusters
+        assert b["query_sets"]["gallery_clusters"]["tau"] == first["tau"]
+        assert b["query_sets"]["gallery_clusters"]["set_recall_held_out"] >= 0.9
+        assert set(b["build_phases_seconds"]) == {"threshold_partitions", "scann_and_top10_tuning", "threshold_tuning"}
+    assert first["builds"]["validation"]["manifest_ann"]["query_source"] == "given queries"
+    assert first["builds"]["validation"]["manifest_threshold_search"]["measured_on"] == "given_queries"
+    assert first["builds"]["defaults"]["manifest_threshold_search"]["measured_on"] == "gallery_items"
     assert first["machine"]["cpu_count"] and first["command"].endswith("--out " + str(tmp_path / "out"))
     work = tmp_path / "threshold_search_20000"
     assert not (work / "gallery.npy").exists() and (work / "index" / "manifest.json").exists()
-    assert "cores" in (tmp_path / "out" / "threshold_search_20000.md").read_text()
-    bench.main(argv)  # the kept index is reused: same tau and build, nothing generated again
-    second = json.loads((tmp_path / "out" / "threshold_search_20000.json").read_text())
-    assert second["complete"] and second["index_reused"]
-    assert (second["tau"], second["build_seconds"]) == (first["tau"], first["build_seconds"])
+    assert (work / "index_defaults" / "manifest.json").exists()
+    assert "cores" in (tmp_path / "out" / "threshold_search_issue32_20000.md").read_text()
+    bench.main(argv)  # the kept indexes are reused: same tau and builds, nothing generated again
+    second = json.loads((tmp_path / "out" / "threshold_search_issue32_20000.json").read_text())
+    assert second["complete"] and all(b["index_reused"] for b in second["builds"].values())
+    assert second["tau"] == first["tau"]
+    assert [b["build_seconds"] for b in second["builds"].values()] == [
+        b["build_seconds"] for b in first["builds"].values()
+    ]

@@ -31,6 +31,10 @@ def test_threshold_service_smoke(tmp_path):
         for row in g["rows"]:
             assert row["failed"] == 0 and row["answered"] > 0 and row["p99_ms"] >= row["p50_ms"] > 0, row
         assert g["hits"]["top-k"]["mean"] == 10 and g["hits"]["threshold"]["mean"] > 0
+        # each threshold response says how it was made; top-k responses carry no such flag
+        assert g["hits"]["top-k"]["answered_exactly"] is None
+        assert g["hits"]["threshold, exact"]["answered_exactly"] == 1.0
+        assert 0.0 <= g["hits"]["threshold"]["answered_exactly"] <= 1.0
         # the exact answer holds at least as many hits as the default one, and the stand-in map's 0.9 is higher
         assert g["hits"]["threshold, exact"]["mean"] >= g["hits"]["threshold"]["mean"]
         assert g["min_probability_threshold"] >= g["threshold"]

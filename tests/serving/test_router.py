@@ -158,6 +158,10 @@ def test_router_matches_the_single_index(cluster, router, single):
     got = remote.threshold(q, 0.4)
     want = single.index.threshold(q, 0.4)
     assert [a.tolist() for a in got[0]] == [a.tolist() for a in want[0]]
+    # each shard server says how it answered; the router merges the flags (brute-force shards: exact)
+    *_, answers = remote.search_threshold_answers(q, 0.4)
+    assert [a.to_json() for a in answers] == [a.to_json() for a in single.index.answer_threshold(q, 0.4)[2]]
+    assert all(a.exact for a in answers)
 
 
 def test_shard_server_protocol(cluster, single):

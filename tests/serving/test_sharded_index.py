@@ -252,6 +252,12 @@ def test_sharded_threshold_equals_the_single_index(scann_sharded, tau):
     assert total == 0 or found / total >= block["shard_set_recall_min"] - 0.03, (found, total, block)
     assert all(set(a.tolist()) <= set(w.tolist()) for a, w in zip(approx_ids, want[0], strict=True))
     assert all(np.all(np.diff(s) <= 0) for s in approx_scores)
+    # each query's answer merged over the shards: exact on request; otherwise exact only where every shard's was
+    _, _, asked = scann_sharded["index"].answer_threshold(QUERIES, tau, exact=True)
+    assert all(a.exact and a.set_recall == 1.0 for a in asked) and len(asked) == len(QUERIES)
+    per_shard = [shard.answer_threshold(QUERIES, tau)[2] for shard in scann_sharded["index"].shards]
+    _, _, merged = scann_sharded["index"].answer_threshold(QUERIES, tau)
+    assert [a.exact for a in merged] == [all(s[b].exact for s in per_shard) for b in range(len(QUERIES))]
 
 
 # --------------------------------------------------------------------------------------- brute-force shards

@@ -1,6 +1,8 @@
 """Threshold search: the approximate search's set recall against the manifest's measured figure, the growth rule
 (ties at tau, limit, fall-back past max_k) against brute force, and exact search equal to brute force on
-galleries where pruning does and does not help."""
+galleries where pruning does and does not help. Issue #32: the cost model answering exactly where growing top-k
+cannot win, the familiarity check keeping the recall promise per query set, the per-answer flags and their merge,
+and what the manifest says the recall was measured on."""
 
 import dataclasses
 import os
@@ -11,16 +13,24 @@ import pytest
 from serving_fixtures import clustered_unit_vectors
 
 from ce_retrieval.serving import layout
+from ce_retrieval.serving import threshold_search as ts
 from ce_retrieval.serving.gallery import GalleryIndex
-from ce_retrieval.serving.index import build_index
-from ce_retrieval.serving.partitions import build_partitions, threshold_search
+from ce_retrieval.serving.index import build_index, write_index_folder
+from ce_retrieval.serving.partitions import build_partitions, threshold_search, union_rows
+from ce_retrieval.serving.searcher import QueryResult
 from ce_retrieval.serving.threshold_search import (
+    CostModel,
+    ThresholdAnswer,
     ThresholdParams,
     default_threshold_params,
     expand_to_leaves,
+    familiarity,
     grow_topk_threshold,
     leaf_of_rows,
+    merge_answers,
+    probe_leaves,
     set_recall,
+    tau_for_median_hits,
     tune_threshold_params,
 )
 
@@ -282,3 +292,186 @@ def test_manifests_without_expansion_keep_their_measured_search():
     old = {"start_k": 100, "max_k": 1000, "leaves_factor": 8.0, "reorder_factor": 32.0, "growth": 4}
     assert ThresholdParams.from_json(old).expand_leaves is False
     assert default_threshold_params(10_000, 100).expand_leaves is True
+
+
+# ------------------------------------------------------------------------------------------ issue #32: promises
+def cluster_draws(n, dim, num_clusters, seed, stream, noise=1.0):
+    """Unit vectors around ``num_clusters`` centres fixed by ``seed``; ``stream`` draws other samples of the same
+    clusters (held-out queries), another ``seed`` other clusters."""
+    centres = np.random.default_rng(seed).normal(size=(num_clusters, dim))
+    rng = np.random.default_rng([seed, stream])
+    x = centres[rng.integers(0, num_clusters, n)] + noise * rng.normal(size=(n, dim))
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+QUERY_SETS = {  # 20,000 items of 40 clusters (d = 64): new draws, noisier draws, draws of 40 other clusters
+    "gallery_clusters": lambda: cluster_draws(200, 64, 40, seed=0, stream=1),
+    "gallery_clusters_noisy": lambda: cluster_draws(200, 64, 40, seed=0, stream=1, noise=1.5),
+    "other_clusters": lambda: cluster_draws(200, 64, 40, seed=1, stream=1),
+}
+
+
+def free_rounds(monkeypatch):
+    """A cost model in which ANN rounds and leaf scores cost nothing: the approximate path always runs (the test
+    galleries are far too small for it to beat a scan, as ``test_cost_model_answers_exactly_...`` shows)."""
+    for name in ("QUANTISED_ITEM", "RESCORED_ITEM", "EXPANDED_ITEM", "ROUND_ITEMS"):
+        monkeypatch.setattr(ts, name, 0.0)
+
+
+@pytest.fixture(scope="module")
+def promise_indexes(tmp_path_factory):
+    """The same 20,000-item gallery built with validation queries (new draws of its clusters) and with the
+    defaults (tuned on gallery items), under ``free_rounds``."""
+    x = cluster_draws(20000, 64, 40, seed=0, stream=0)
+    validation = cluster_draws(1000, 64, 40, seed=0, stream=2)
+    model = {"fingerprint": "test", "export_id": "test", "embedding_dim": 64, "normalization": "l2"}
+    out = {"x": x}
+    with pytest.MonkeyPatch.context() as mp:
+        free_rounds(mp)
+        for name, queries in (("given", validation), ("defaults", None)):
+            folder = str(tmp_path_factory.mktemp(name))
+            manifest = write_index_folder(x, np.arange(len(x)), folder, model, version=1, queries=queries)
+            out[name] = {"manifest": manifest, "index": GalleryIndex.load(folder)}
+    return out
+
+
+def test_cost_model_answers_exactly_where_growing_cannot_win(approx_index):
+    """6,000 items: a ScaNN round costs more than scanning the gallery, so every default answer is the exact one,
+    flagged as such, and equal to brute force."""
+    index, x, ids, q = approx_index["index"], approx_index["x"], approx_index["ids"], approx_index["queries"]
+    costs = index.threshold_costs(len(q))
+    assert costs.round(index.threshold_params.start_k, index.threshold_params) > ts.BUDGET * costs.exact
+    row_of = {int(i): r for r, i in enumerate(ids)}
+    tau = approx_index["manifest"]["threshold_search"]["approximate"]["thresholds"]["median_100_hits"]
+    got_ids, got_scores, answers = index.answer_threshold(q, tau)
+    assert [{row_of[int(i)] for i in g} for g in got_ids] == brute_force(q, x, tau)
+    assert all(a == ThresholdAnswer(True, 1.0, ts.COST) for a in answers)
+    served = approx_index["manifest"]["threshold_search"]["approximate"]["served"]
+    assert set(served["exact_share"].values()) == {1.0} and served["set_recall_approximate"] is None
+
+
+def test_growth_stops_where_the_next_round_would_cost_more_than_the_scan():
+    """Rounds at k = 4, 8, 16, ... cost k each, a scan 20 / BUDGET: rounds 4 + 8 fit the budget (20), 16 does not,
+    so queries with more than 8 hits are answered by the exact function after two rounds, spending 12."""
+    rng = np.random.default_rng(1)
+    scores = rng.random((5, 100)).astype(np.float32)
+    scores[0, :30] = 0.99  # 30 hits: past the budget
+    scores[1, :] = 0.0  # none
+    queries = np.arange(5, dtype=np.float32)[:, None]
+
+    class Costs:
+        exact = 20.0 / ts.BUDGET
+
+        def round(self, k, p):
+            return float(k)
+
+    def exact(qsel, t):
+        rows = [np.flatnonzero(scores[int(i)] >= t) for i in qsel[:, 0]]
+        return rows, [scores[int(i)][r] for i, r in zip(qsel[:, 0], rows, strict=True)]
+
+    p = ThresholdParams(start_k=4, max_k=100, growth=2)
+    rows, _, stats = grow_topk_threshold(queries, 0.95, exact_topk(scores), exact, p, costs=Costs())
+    many = np.sum(scores >= 0.95, axis=1) >= 8
+    assert stats["exact"].tolist() == many.tolist() and stats["rounds"] == 2
+    assert stats["spent"][many].tolist() == [12.0] * int(many.sum())
+    assert [sorted(r.tolist()) for r in rows] == [np.flatnonzero(s >= 0.95).tolist() for s in scores]
+    small, large = CostModel(10**6, 1000, 100, batch=1), CostModel(10**6, 1000, 100, batch=200)
+    assert small.exact > large.exact > 10**6  # one query reads the gallery alone
+    p = ThresholdParams(start_k=200, max_k=10**5)
+    assert small.round(800, p) > small.round(200, p) > 0
+
+
+@pytest.mark.parametrize("build", ["given", "defaults"])
+def test_manifest_says_what_the_recall_was_measured_on(promise_indexes, build):
+    approx = promise_indexes[build]["manifest"]["threshold_search"]["approximate"]
+    if build == "given":
+        assert (approx["measured_on"], approx["query_source"]) == ("given_queries", "given queries")
+    else:
+        assert approx["measured_on"] == "gallery_items" and "each without itself" in approx["query_source"]
+    familiar = approx["familiar"]
+    assert familiar["quantile"] == ts.FAMILIAR_QUANTILE and familiar["probe_leaves"] == ts.PROBE_LEAVES
+    assert familiar["spread"]["limit"] > 0 and familiar["missed"]["limit"] >= 0
+    served = approx["served"]
+    assert max(served["exact_share"].values()) <= 0.1  # the tuning queries themselves are familiar
+    assert served["set_recall_approximate"] >= approx["target"]
+    assert promise_indexes[build]["index"].approximate_set_recall == served["set_recall_approximate"]
+
+
+@pytest.mark.parametrize("build", ["given", "defaults"])
+@pytest.mark.parametrize("query_set", list(QUERY_SETS))
+def test_set_recall_per_query_set_keeps_the_promise(promise_indexes, build, query_set, monkeypatch):
+    """Each query set at its median-100-hits threshold: set recall at least the manifest's figure for the
+    approximate answers (loosely: -0.02) and at least 0.95 for other clusters, whose hits the approximate search
+    misses (below 0.9 without the familiarity check) and which it therefore answers exactly."""
+    free_rounds(monkeypatch)
+    index = promise_indexes[build]["index"]
+    x = np.asarray(index.embeddings)  # rows in the index's (leaf) order
+    q = QUERY_SETS[query_set]()
+    tau = tau_for_median_hits(q, x, 100)
+    truth = [np.flatnonzero(s >= tau) for s in q @ x.T]
+    rows, _, answers = index.answer_threshold_rows(q, tau)
+    recall = set_recall([np.sort(r) for r in rows], truth)
+    assert recall >= index.approximate_set_recall - 0.02, recall
+    for r, s, a in zip(rows, truth, answers, strict=True):
+        assert set(r.tolist()) <= set(s.tolist())
+        assert a.exact == (a.reason != ts.APPROXIMATE) and (set(r.tolist()) == set(s.tolist()) or not a.exact)
+        assert a.set_recall == (1.0 if a.exact else index.approximate_set_recall)
+    exact_share = np.mean([a.exact for a in answers])
+    if query_set == "other_clusters":
+        unchecked, limits = dict(index.familiar_limits), index.familiar_limits
+        monkeypatch.setattr(index, "familiar_limits", {})
+        rows_unchecked, _, _ = index.answer_threshold_rows(q, tau)
+        assert set_recall([np.sort(r) for r in rows_unchecked], truth) < 0.9 < 0.95 <= recall
+        assert exact_share >= 0.5 and unchecked == limits
+    else:
+        assert exact_share <= 0.2
+
+
+def test_answers_are_flagged_per_query_and_merge_over_shards(promise_indexes, monkeypatch):
+    free_rounds(monkeypatch)
+    index = promise_indexes["given"]["index"]
+    got = {}
+    for name in ("gallery_clusters", "other_clusters"):
+        q = QUERY_SETS[name]()[:20]
+        _, _, got[name] = index.answer_threshold(q, tau_for_median_hits(q, promise_indexes["x"], 100))
+    approx = ThresholdAnswer(False, index.approximate_set_recall, ts.APPROXIMATE)
+    assert got["gallery_clusters"].count(approx) >= 15
+    assert got["other_clusters"].count(ThresholdAnswer(True, 1.0, ts.UNFAMILIAR)) >= 10
+    _, _, asked = index.answer_threshold(q, 0.5, exact=True)
+    assert asked == [ThresholdAnswer(True, 1.0, ts.ASKED)] * len(q)
+    exact = asked[0]
+    assert merge_answers([exact, exact]) == exact
+    assert merge_answers([exact, approx]) == approx
+    worse = ThresholdAnswer(False, 0.5, ts.APPROXIMATE)
+    assert merge_answers([approx, worse]).set_recall == 0.5
+    assert merge_answers([approx, ThresholdAnswer.from_json(None)]) == ThresholdAnswer(False, None, ts.MERGED)
+    assert ThresholdAnswer.from_json(approx.to_json()) == approx
+    assert ThresholdAnswer.from_json({"exact": "yes"}).reason == ts.UNKNOWN  # a malformed peer: unknown recall
+    result = QueryResult(np.array([1]), np.array([0.5], np.float32), [None], answer=approx)
+    assert result.to_json()["answer"] == {"exact": False, "set_recall": approx.set_recall, "reason": ts.APPROXIMATE}
+    assert "answer" not in QueryResult(np.array([1]), np.array([0.5], np.float32), [None]).to_json()  # top-k
+
+
+def test_manifests_before_the_checks_load_without_them():
+    """A manifest without ``familiar`` / ``served`` (built before #32): no familiarity check, no probe, and its
+    approximate answers carry the set recall it measured over every tuning query."""
+    approx = {"params": {"start_k": 10, "max_k": 100}, "meets_target": True, "set_recall_min": 0.991}
+    manifest = {"params": {"num_leaves": 10, "leaves_to_search": 2}, "threshold_search": {"approximate": approx}}
+    x = np.eye(4, dtype=np.float32)
+    index = GalleryIndex("", manifest, x, np.arange(4), None, scann_searcher=object())
+    assert index.familiar_limits == {} and index.probe_leaves == 0 and index.approximate_set_recall == 0.991
+
+
+def test_probe_leaves_are_the_best_leaves_without_a_found_hit():
+    x = clustered_unit_vectors(2000, 16, num_clusters=20, spread=0.6, seed=12)
+    order, parts = build_partitions(x, 30)
+    q = x[order][:3]
+    have = [np.array([0, 1]), np.zeros(0, np.int64), np.arange(parts.num_leaves)]
+    probe = probe_leaves(parts, q, have, count=4)
+    best = np.argsort(-(q @ parts.centers.T), axis=1)
+    assert probe[0].tolist() == sorted([v for v in best[0] if v not in (0, 1)][:4])
+    assert probe[1].tolist() == sorted(best[1][:4].tolist()) and probe[2].size == 0
+    found = [np.array([0, 1]), np.zeros(0, np.int64), np.zeros(0, np.int64)]
+    rows = [union_rows(parts, probe[0])[:5], np.zeros(0, np.int64), np.zeros(0, np.int64)]
+    stats = familiarity(parts, found, [leaf_of_rows(parts, f) for f in found], probe, rows)
+    assert stats["missed"].tolist() == [5 / 12, 0.0, 0.0]
