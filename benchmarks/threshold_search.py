@@ -12,7 +12,9 @@ writes into an export's version folder; here without an export, under a stand-in
   own clusters, another sample stream of the generator) and a stand-in calibrated threshold for precision 0.9
   (tau at which the median validation query has 100 hits);
 * ``defaults``: ``build_index(x, ids, export_dir, version)`` with its defaults: no validation queries, no
-  thresholds (the threshold search is then tuned on gallery items, ``index.gallery_tuning_queries``).
+  thresholds (the threshold search is then tuned on gallery items, ``index.gallery_tuning_queries``);
+* ``no_partitions`` (only when asked for): the defaults with ``threshold_partitions=False``, the faster build
+  without the threshold partitions (no leaf expansion, probe or familiarity check), for the trade-off.
 
 Three sets of 200 timed queries on each index:
 
@@ -77,7 +79,8 @@ from ce_retrieval.serving.threshold_search import scann_leaves, set_recall  # no
 DIM, CLUSTERS, RANK, CHUNK, SEED = 128, 2000, 16, 32_768, 23  # a chunk gathers [CHUNK, d, RANK] bases: 270 MB
 QUERY_STREAM, VALIDATION_STREAM, VALIDATION_QUERIES = 1, 2, 1000
 QUERY_NOISE = 1.0  # gallery_clusters_noisy: added noise, in units of the items' own noise
-BUILDS = {"validation": "index", "defaults": "index_defaults"}  # build -> its folder in the work directory
+BUILDS = {"validation": "index", "defaults": "index_defaults", "no_partitions": "index_no_partitions"}  # -> folder
+DEFAULT_BUILDS = ("validation", "defaults")
 MODEL = {"fingerprint": "benchmark", "export_id": "benchmark", "embedding_dim": DIM, "normalization": "l2"}
 
 
@@ -166,7 +169,7 @@ def recall_at(found: np.ndarray, truth: np.ndarray) -> float:
     return float(np.mean([len(np.intersect1d(f[:k], t)) / k for f, t in zip(found, truth, strict=True)]))
 
 
-def build(n: int, work: str, builds=tuple(BUILDS)) -> dict:
+def build(n: int, work: str, builds=DEFAULT_BUILDS) -> dict:
     """Builds the ``builds`` (``BUILDS``) not already in ``work`` for the n-item gallery: generates it into
     ``work/gallery.npy`` (memory-mapped), picks the stand-in calibrated tau on the validation queries, builds each
     index folder and removes the gallery file (each index holds the embeddings). Returns the state saved as
@@ -198,7 +201,8 @@ def build(n: int, work: str, builds=tuple(BUILDS)) -> dict:
 
 def build_one(x: np.ndarray, folder: str, name: str, validation: np.ndarray, tau: float) -> dict:
     """Builds one index folder (``validation``: with the validation queries and the stand-in threshold;
-    ``defaults``: with neither) and returns what the record states of it."""
+    ``defaults``: with neither; ``no_partitions``: neither, nor threshold partitions) and returns what the record
+    states of it."""
     os.makedirs(folder)
     given = name == "validation"
     t = time.perf_counter()
@@ -211,6 +215,7 @@ def build_one(x: np.ndarray, folder: str, name: str, validation: np.ndarray, tau
         version=1,
         thresholds={"0.9": tau} if given else None,  # a stand-in calibrated level
         queries=validation if given else None,
+        threshold_partitions=name != "no_partitions",
     )
     ts = manifest["threshold_search"]
     approx = ts.get("approximate", {})
@@ -324,7 +329,7 @@ def _scores(queries: np.ndarray, xs: np.ndarray, rows: np.ndarray) -> np.ndarray
 
 
 def run(
-    n: int, num_queries: int, repeats: int, workdir: str, keep: bool = False, save=None, builds=tuple(BUILDS)
+    n: int, num_queries: int, repeats: int, workdir: str, keep: bool = False, save=None, builds=DEFAULT_BUILDS
 ) -> dict:
     """Builds (or, with kept indexes of an earlier ``--keep`` run, reuses) the ``builds`` and times the three query
     sets on each. ``save(record)`` is called after each build's timing step with the record so far
@@ -454,7 +459,7 @@ def main(argv=None) -> None:
     ap.add_argument("--n", "--size", dest="n", type=int, default=1_000_000, help="gallery items")
     ap.add_argument("--queries", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--builds", default=",".join(BUILDS), help=f"comma-separated, of {', '.join(BUILDS)}")
+    ap.add_argument("--builds", default=",".join(DEFAULT_BUILDS), help=f"comma-separated, of {', '.join(BUILDS)}")
     ap.add_argument("--workdir", default=tempfile.gettempdir(), help="holds the gallery file and the indexes")
     ap.add_argument(
         "--keep",

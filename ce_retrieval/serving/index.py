@@ -195,7 +195,7 @@ def tune_threshold_search(
     exact = exact_sets(q, x, [taus[t] for t in names])
     truth = {t: _without_own_rows(s, own_rows) for t, s in zip(names, exact, strict=True)}
     index = GalleryIndex("", {"params": params}, x, np.arange(len(x)), partitions, searcher)
-    index.probe_leaves = PROBE_LEAVES
+    index.probe_leaves = PROBE_LEAVES if partitions is not None else 0
     familiar: dict[tuple[float, str], dict] = {}  # the familiarity statistics of each (tau, params) searched
 
     def search(queries_, tau, p):
@@ -203,10 +203,11 @@ def tune_threshold_search(
         return [np.sort(r) for r in _without_own_rows(rows, own_rows)]
 
     base = default_threshold_params(len(x), params["reorder_num_neighbors"])
+    base.expand_leaves = partitions is not None
     every_leaf = params["num_leaves"] / max(1, params["leaves_to_search"])  # the leaves factor that searches all
-    sizes = np.diff(partitions.offsets)
 
     def expansion_items(found: list[np.ndarray]) -> float:  # the members of the leaves holding a query's hits
+        sizes = np.diff(partitions.offsets)
         return float(np.mean([sizes[np.unique(leaf_of_rows(partitions, r))].sum() for r in found]))
 
     p, recalls, table = tune_threshold_params(
@@ -216,7 +217,7 @@ def tune_threshold_search(
         if (tau, repr(p)) not in familiar:
             search(q, tau, p)
     chosen = [familiar[(tau, repr(p))] for tau in taus.values()]
-    limits = {
+    limits = {  # none without partitions: the statistics are of partition leaves
         name: float(np.quantile(np.concatenate([c[name] for c in chosen]), FAMILIAR_QUANTILE)) for name in chosen[0]
     }
     index.threshold_params, index.familiar_limits = p, limits
@@ -229,8 +230,8 @@ def tune_threshold_search(
         "its hits look unlike the tuning queries' (familiar: spread over leaves, hits missed in probe leaves); "
         "exact=true: ball-bounded k-means leaves + exact re-scoring, or a scan when pruning cannot win",
         "default": "approximate" if min(measured, default=1.0) >= target else "exact",
-        "file": PARTITIONS_FILE,
-        "partition_leaves": len(partitions.offsets) - 1,
+        "file": PARTITIONS_FILE if partitions is not None else None,
+        "partition_leaves": 0 if partitions is None else len(partitions.offsets) - 1,
         "approximate": {
             "params": p.to_json(),
             "set_recall": recalls,
@@ -242,7 +243,9 @@ def tune_threshold_search(
             "num_queries": len(q),
             "query_source": source,
             "measured_on": "given_queries" if own_rows is None else "gallery_items",
-            "familiar": {
+            "familiar": None
+            if not limits
+            else {
                 "quantile": FAMILIAR_QUANTILE,
                 "probe_leaves": PROBE_LEAVES,
                 "spread": {
@@ -354,11 +357,17 @@ def write_index_folder(
     target_set_recall: float = TARGET_SET_RECALL,
     probability: dict | None = None,
     calibration=None,
+    threshold_partitions: bool = True,
 ) -> dict:
     """Writes one index folder (format ``ce_retrieval.index/1``) into the existing, empty ``folder`` and returns
     its manifest. ``meta`` is the image encoder's export metadata. The folder is loaded back with
     :meth:`GalleryIndex.load` before this returns. Publishing it (atomically) is the caller's job: ``build_index``
-    writes into its temporary version folder, the sharded builder into one subfolder of it per shard."""
+    writes into its temporary version folder, the sharded builder into one subfolder of it per shard.
+
+    ``threshold_partitions=False`` skips the threshold partitions (the k-means of ~128 items a leaf: about a
+    quarter of a 1M build, ``build_phases_seconds`` in the manifest): the approximate threshold search then has no
+    leaf expansion, no probe and no familiarity check (its answers carry the measured figure for every query), and
+    the exact one is a plain scan."""
     start = time.time()
     x, ids = check_gallery(embeddings, ids, meta["embedding_dim"], version)
     n = len(x)
@@ -372,10 +381,12 @@ def write_index_folder(
         lap[0] = time.time()
 
     if kind == "scann":
-        partition_leaves = min(max(n // PARTITION_LEAF_ITEMS, p.num_leaves), MAX_PARTITION_LEAVES)
-        order, partitions = build_partitions(x, partition_leaves, seed=seed)
-        x, ids = np.ascontiguousarray(x[order]), ids[order]
-        partitions.save(os.path.join(folder, PARTITIONS_FILE))
+        partitions = None
+        if threshold_partitions:
+            partition_leaves = min(max(n // PARTITION_LEAF_ITEMS, p.num_leaves), MAX_PARTITION_LEAVES)
+            order, partitions = build_partitions(x, partition_leaves, seed=seed)
+            x, ids = np.ascontiguousarray(x[order]), ids[order]
+            partitions.save(os.path.join(folder, PARTITIONS_FILE))
         phase("threshold_partitions")
         searcher = build_scann(x, p)
         q, source = evaluation_queries(x, queries, seed)
@@ -442,7 +453,7 @@ def write_index_folder(
         "embeddings": {
             "file": EMBEDDINGS_FILE,
             "dtype": "float32",
-            "order": "leaf" if kind == "scann" else "input",
+            "order": "leaf" if kind == "scann" and threshold_partitions else "input",
             "sha256": embeddings_digest(x),
         },
         "kind": kind,
@@ -475,6 +486,7 @@ def build_index(
     target_set_recall: float = TARGET_SET_RECALL,
     probability: dict | None = None,
     calibration=None,
+    threshold_partitions: bool = True,
 ) -> dict:
     """Builds and publishes ``<export_dir>/index/<version>/`` for gallery ``embeddings`` [n, d] with ``ids`` [n].
 
@@ -485,7 +497,8 @@ def build_index(
     default a sample of the gallery. ``probability``: a score -> P(relevant) map fitted on the calibration split
     (``evaluation.probability.fit_probability_map(...).to_json()``), stored beside the thresholds.
     ``calibration`` (``evaluation.split_calibration.calibrate_split(...)``) replaces both: the thresholds are then
-    derived for this gallery's size, with the guarantee beside the estimate. Returns the manifest.
+    derived for this gallery's size, with the guarantee beside the estimate. ``threshold_partitions=False``: a
+    faster build without the threshold search's partitions (``write_index_folder``). Returns the manifest.
     """
     export_dir = os.path.abspath(export_dir)
     version, meta = resolve_version(export_dir, version)
@@ -510,4 +523,5 @@ def build_index(
             target_set_recall=target_set_recall,
             probability=probability,
             calibration=calibration,
+            threshold_partitions=threshold_partitions,
         )

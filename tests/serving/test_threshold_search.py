@@ -475,3 +475,28 @@ def test_probe_leaves_are_the_best_leaves_without_a_found_hit():
     rows = [union_rows(parts, probe[0])[:5], np.zeros(0, np.int64), np.zeros(0, np.int64)]
     stats = familiarity(parts, found, [leaf_of_rows(parts, f) for f in found], probe, rows)
     assert stats["missed"].tolist() == [5 / 12, 0.0, 0.0]
+
+
+def test_a_build_without_threshold_partitions(tmp_path, monkeypatch):
+    """``threshold_partitions=False``: no partitions file, no familiarity check (its approximate answers carry the
+    figure measured over every tuning query), and exact answers from a plain scan, equal to brute force."""
+    free_rounds(monkeypatch)
+    x = cluster_draws(20000, 64, 40, seed=0, stream=0)
+    model = {"fingerprint": "test", "export_id": "test", "embedding_dim": 64, "normalization": "l2"}
+    manifest = write_index_folder(x, np.arange(len(x)), str(tmp_path), model, version=1, threshold_partitions=False)
+    approx = manifest["threshold_search"]["approximate"]
+    assert not (tmp_path / "partitions.npz").exists() and manifest["threshold_search"]["partition_leaves"] == 0
+    assert approx["familiar"] is None and not approx["params"]["expand_leaves"]
+    assert set(manifest["build_phases_seconds"]) == {
+        "threshold_partitions",
+        "scann_and_top10_tuning",
+        "threshold_tuning",
+    }
+    index = GalleryIndex.load(str(tmp_path))
+    q = QUERY_SETS["other_clusters"]()[:20]
+    tau = tau_for_median_hits(q, x, 100)
+    _, _, answers = index.answer_threshold(q, tau)
+    assert {a.reason for a in answers} == {ts.APPROXIMATE}
+    assert answers[0].set_recall == index.approximate_set_recall >= approx["target"]
+    got, _, _ = index.answer_threshold(q, tau, exact=True)
+    assert [set(g.tolist()) for g in got] == brute_force(q, x, tau)  # ids are the input rows (input order)
