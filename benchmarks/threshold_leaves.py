@@ -117,8 +117,8 @@ def main(argv=None) -> None:
     }
     for name, (queries, tau, how) in ts.query_sets(args.queries, state["tau"], xs).items():
         truth = ts.numpy_scan(queries, xs, tau)
-        index.threshold_params = no_expansion
-        found = [np.sort(r) for r in index.threshold_rows(queries, tau)[0]]
+        index.probe_leaves = 0  # the ANN's own hits: no probe leaves, and no checks answering queries exactly
+        found = [np.sort(r) for r in index.approximate_threshold_rows(queries, tau, no_expansion, checks=False)[0]]
         qs = {"tau": tau, "tau_from": how, "ann_set_recall_no_expansion": set_recall(found, truth)}
         if name == "gallery_clusters":
             qlab = ts.hard_gallery_labels(args.queries, stream=ts.QUERY_STREAM)

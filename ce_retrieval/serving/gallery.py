@@ -231,31 +231,36 @@ class GalleryIndex:
         """The approximate search with ``p``: grown top-k, then exact scores in the leaves holding a found hit
         (``p.expand_leaves``) and in the probe leaves (``self.probe_leaves`` of them); with ``checks``, the cost
         model and the familiarity check send queries to the exact search. Returns rows, scores, each query's reason
-        (``threshold_search.APPROXIMATE`` or why it was answered exactly) and the familiarity statistics (empty
-        without partitions). The build tunes with ``checks=False``."""
+        (``threshold_search.APPROXIMATE`` or why it was answered exactly) and the familiarity statistics (NaN for
+        queries the rounds did not answer; empty without partitions). The build tunes with ``checks=False``."""
         costs = self.threshold_costs(len(queries)) if checks else None
         rows, scores, stats = grow_topk_threshold(
             queries, tau, self._threshold_topk(p), self._exact_threshold, p, limit, costs
         )
         reasons = np.where(stats["exact"], ts.COST, ts.APPROXIMATE).astype(object)
+        live = np.flatnonzero(~stats["exact"])  # answered by the rounds (the others are exact already)
         if self.partitions is None:
             return rows, scores, list(reasons), {}
-        found = list(rows)
+        found = [rows[i] for i in live]
         have = hit_leaves(self.partitions, found)
-        probe = probe_leaves(self.partitions, queries, have, self.probe_leaves)
+        probe = probe_leaves(self.partitions, queries[live], have, self.probe_leaves)
         leaves = [np.union1d(h, v) if p.expand_leaves else v for h, v in zip(have, probe, strict=True)]
         if checks:
             sizes = np.diff(self.partitions.offsets)
-            items = np.array([sizes[v].sum() for v in leaves])
-            reasons[(reasons == ts.APPROXIMATE) & (stats["spent"] + costs.expansion(items) > costs.exact)] = ts.COST
-        scored = [i for i in np.flatnonzero(reasons == ts.APPROXIMATE) if len(leaves[i])]
-        if len(scored):
+            items = np.array([sizes[v].sum() for v in leaves], dtype=np.int64)
+            reasons[live[stats["spent"][live] + costs.expansion(items) > costs.exact]] = ts.COST
+        scored = [j for j, i in enumerate(live) if reasons[i] == ts.APPROXIMATE and len(leaves[j])]
+        if scored:
             got_rows, got_scores = score_leaves(
-                queries[scored], tau, [leaves[i] for i in scored], self.embeddings, self.partitions
+                queries[live[scored]], tau, [leaves[j] for j in scored], self.embeddings, self.partitions
             )
-            for j, i in enumerate(scored):
-                rows[i], scores[i] = _with_found(got_rows[j], got_scores[j], rows[i], scores[i], p.expand_leaves)
-        familiar = familiarity(self.partitions, found, have, probe, rows)
+            for k, j in enumerate(scored):
+                i = live[j]
+                rows[i], scores[i] = _with_found(got_rows[k], got_scores[k], rows[i], scores[i], p.expand_leaves)
+        familiar = {}  # NaN where the rounds did not answer
+        for name, values in familiarity(self.partitions, found, have, probe, [rows[i] for i in live]).items():
+            familiar[name] = np.full(len(rows), np.nan)
+            familiar[name][live] = values
         if checks:
             for name, limit_ in self.familiar_limits.items():
                 reasons[(reasons == ts.APPROXIMATE) & (familiar[name] > limit_)] = ts.UNFAMILIAR

@@ -216,9 +216,12 @@ def tune_threshold_search(
     for tau in taus.values():  # the chosen point's statistics at every threshold (the walk measured them, or now)
         if (tau, repr(p)) not in familiar:
             search(q, tau, p)
-    chosen = [familiar[(tau, repr(p))] for tau in taus.values()]
-    limits = {  # none without partitions: the statistics are of partition leaves
-        name: float(np.quantile(np.concatenate([c[name] for c in chosen]), FAMILIAR_QUANTILE)) for name in chosen[0]
+    at_p = [familiar[(tau, repr(p))] for tau in taus.values()]  # NaN: queries the rounds did not answer
+    pooled = {name: np.concatenate([f[name] for f in at_p]) for name in at_p[0]}
+    limits = {  # none without partitions (the statistics are of partition leaves) or without an approximate answer
+        name: float(np.quantile(v[np.isfinite(v)], FAMILIAR_QUANTILE))
+        for name, v in pooled.items()
+        if np.isfinite(v).any()
     }
     index.threshold_params, index.familiar_limits = p, limits
     measured = [r for r in recalls.values() if r is not None]

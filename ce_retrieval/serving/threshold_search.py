@@ -38,9 +38,9 @@ Two per-query checks keep the approximate search from losing to the exact one (i
 
 * **Cost** (:class:`CostModel`): costs per query in units of one (query, item) product of a batched scan,
 
-      round(k) = QUANTISED_ITEM x items in the searched ScaNN leaves + RESCORED_ITEM x ceil(reorder_factor k)
-                 + ROUND_ITEMS,        expansion = EXPANDED_ITEM x members of the hits' leaves,
-      exact    = n (1 + SCAN_READ / B)      (a batch of B queries reads the gallery once),
+      round(k)  = QUANTISED_ITEM x items in the searched ScaNN leaves + RESCORED_ITEM x ceil(reorder_factor k),
+      expansion = EXPANDED_ITEM x members of the expanded and probed leaves,
+      exact     = n (1 + SCAN_READ / B)      (a batch of B queries reads the gallery once),
 
   and a round runs only while the query's spent cost plus the round's stays within ``BUDGET x exact``, the
   leaf scoring after the rounds only while the total stays within ``exact``; otherwise the query is answered
@@ -126,11 +126,12 @@ class ThresholdParams:
 # Cost model (module docstring), in units of one (query, item) product of the batched exact scan
 # (``partitions.scan_hits``): benchmarks/threshold_cost_model.py, record threshold_cost_model.md.
 BUDGET = 0.5  # of an exact search: the rounds a query may spend before it is answered exactly
-SCAN_READ = 10.0  # reading one gallery item, once per batch: a one-query scan costs (1 + SCAN_READ) per item
-QUANTISED_ITEM = 0.5  # an item of a searched ScaNN leaf: 64 4-bit table look-ups (d = 128, 2 dims a block)
-RESCORED_ITEM = 50.0  # a candidate ScaNN re-scores exactly and returns (gathered product, top-k, the result arrays)
+# measured at 1M (threshold_cost_model.md: a least-squares fit over 16 ScaNN settings, batches of 200 and of 1; the
+# fixed part per ScaNN call it leaves, 0 to 6,300, is below a round's 100,000 and more, and left out)
+SCAN_READ = 7.0  # reading one gallery item, once per batch: a one-query scan costs (1 + SCAN_READ) per item
+QUANTISED_ITEM = 0.4  # an item of a searched ScaNN leaf: 64 4-bit table look-ups (d = 128, 2 dims a block)
+RESCORED_ITEM = 35.0  # a candidate ScaNN re-scores exactly and returns (gathered product, top-k, the result arrays)
 EXPANDED_ITEM = 15.0  # a member of an expanded or probed partition leaf (gathered, scored without BLAS)
-ROUND_ITEMS = 20_000.0  # a ScaNN call's fixed part per query (ranking its leaves' centres, call overhead)
 SPREAD_PRIOR = 10.0  # found hits added to the statistics' denominator: a query with few hits is not called unlike
 FAMILIAR_QUANTILE = 0.995  # tuning queries' quantile of each statistic past which a query counts as unlike them
 PROBE_LEAVES = 4  # leaves of highest mean score holding no found hit, scored for every approximate answer
@@ -153,7 +154,7 @@ class CostModel:
     def round(self, k: int, p: ThresholdParams) -> float:
         leaves = scann_leaves(self.base_leaves, self.num_leaves, self.n, k, p)
         searched = leaves * self.n / self.num_leaves
-        return QUANTISED_ITEM * searched + RESCORED_ITEM * math.ceil(p.reorder_factor * k) + ROUND_ITEMS
+        return QUANTISED_ITEM * searched + RESCORED_ITEM * math.ceil(p.reorder_factor * k)
 
     def expansion(self, items: np.ndarray) -> np.ndarray:
         return EXPANDED_ITEM * np.asarray(items, dtype=np.float64)

@@ -314,7 +314,7 @@ QUERY_SETS = {  # 20,000 items of 40 clusters (d = 64): new draws, noisier draws
 def free_rounds(monkeypatch):
     """A cost model in which ANN rounds and leaf scores cost nothing: the approximate path always runs (the test
     galleries are far too small for it to beat a scan, as ``test_cost_model_answers_exactly_...`` shows)."""
-    for name in ("QUANTISED_ITEM", "RESCORED_ITEM", "EXPANDED_ITEM", "ROUND_ITEMS"):
+    for name in ("QUANTISED_ITEM", "RESCORED_ITEM", "EXPANDED_ITEM"):
         monkeypatch.setattr(ts, name, 0.0)
 
 
