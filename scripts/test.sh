@@ -8,4 +8,4 @@ echo "[test] ruff"
 ruff check ce_retrieval tests benchmarks
 ruff format --check ce_retrieval tests benchmarks
 echo "[test] pytest"
-python -m pytest -n "${CE_TEST_WORKERS:-2}" --timeout=900 -q "$@" tests
+python -m pytest -n "${CE_TEST_WORKERS:-2}" --timeout=900 -q --durations=25 "$@" tests
