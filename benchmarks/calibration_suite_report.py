@@ -82,7 +82,10 @@ def table_rows(by_objective: dict, baseline: str = "SS") -> list[dict]:
     "by"}}`` (diff/p vs ``baseline``, :func:`paired_by_draw`)."""
     rows = []
     for name, docs in by_objective.items():
-        scales = sorted({d["config"]["train"].get("scale") for d in docs} - {None})
+        # λ in the label only where it was chosen on validation (a sweep); otherwise every objective has the default
+        scales = sorted(
+            {d["config"]["train"].get("scale") for d in docs if d["config"]["train"].get("scales")} - {None}
+        )
         row = {"objective": name, "units": sorted(_unit(d) for d in docs), "scale": scales[0] if scales else None}
         row["seeds"] = sorted({u[1] for u in row["units"]})
         row["draws"] = sorted({u[0] for u in row["units"]})
