@@ -2,18 +2,14 @@
 counted on another split."""
 
 import numpy as np
+from test_guarantee import _embeddings
 
 from ce_retrieval.evaluation.promise_check import check_promises, promise_summary
 from ce_retrieval.evaluation.split_calibration import calibrate_split
 
 
-def _split(seed, images=150, captions=3, dim=16, noise=0.7):
-    rng = np.random.default_rng(seed)
-    img = rng.normal(size=(images, dim))
-    img /= np.linalg.norm(img, axis=1, keepdims=True)
-    cap = np.repeat(img, captions, 0) + noise * rng.normal(size=(images * captions, dim)) / np.sqrt(dim)
-    cap /= np.linalg.norm(cap, axis=1, keepdims=True)
-    return cap.astype(np.float32), img.astype(np.float32), np.repeat(np.arange(images), captions), np.arange(images)
+def _split(seed):
+    return _embeddings(seed, images=150, captions=3, noise=0.7)
 
 
 def test_promises_counted_exactly_on_the_evaluated_gallery():
