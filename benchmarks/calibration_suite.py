@@ -180,36 +180,22 @@ def choose_scale(plan: Plan, objective, features: dict, seed: int = 0) -> tuple[
     """The λ of ``plan.scales`` whose heads score best on the validation split (PR-AUC + t->i R@1), and the sweep.
 
     The test split is never read: the runs get the features without their ``test_*`` arrays."""
-    from benchmarks import heads
-
     if not plan.scales or objective.learned_scale_bias:
         return so.SCALE, []
     val_only = {k: v for k, v in features.items() if not k.startswith("test_")}
     sweep = []
     for scale in plan.scales:
-        loss_fn, extra = so.heads_loss(objective, scale)
-        out = heads.train_heads(
-            val_only,
-            loss_fn,
-            seed=seed,
-            batch=min(plan.heads_batch, len(features["train_text_ids"])),
-            steps=plan.heads_steps,
-            eval_every=plan.heads_steps,
-            jit_compile=plan.jit_compile,
-            extra_variables=extra,
-            selection=True,
-        )
+        out, _ = _train_heads(plan, objective, val_only, seed, scale, eval_every=plan.heads_steps, selection=True)
         sweep.append({"scale": float(scale), **out["val"], "score": out["val"]["pr_auc"] + out["val"]["t2i_r1"]})
     best = max(sweep, key=lambda r: r["score"])
     return best["scale"], sweep
 
 
-def run_heads(
-    plan: Plan, family: str, label: str, objective, seed: int, features, scale: float = so.SCALE, draw: int = 0
-) -> tuple[dict, dict]:
+def _train_heads(plan: Plan, objective, features: dict, seed: int, scale: float, **kwargs) -> tuple[dict, list]:
+    """``heads.train_heads`` with the plan's batch, steps and compilation and ``objective`` at λ = ``scale``;
+    returns the result and the loss's extra (learned) variables."""
     from benchmarks import heads
 
-    t0 = time.perf_counter()
     loss_fn, extra = so.heads_loss(objective, scale)
     result = heads.train_heads(
         features,
@@ -217,9 +203,19 @@ def run_heads(
         seed=seed,
         batch=min(plan.heads_batch, len(features["train_text_ids"])),
         steps=plan.heads_steps,
-        eval_every=min(plan.heads_eval_every, plan.heads_steps),
         jit_compile=plan.jit_compile,
         extra_variables=extra,
+        **kwargs,
+    )
+    return result, extra
+
+
+def run_heads(
+    plan: Plan, family: str, label: str, objective, seed: int, features, scale: float = so.SCALE, draw: int = 0
+) -> tuple[dict, dict]:
+    t0 = time.perf_counter()
+    result, extra = _train_heads(
+        plan, objective, features, seed, scale, eval_every=min(plan.heads_eval_every, plan.heads_steps)
     )
     learned = {v.name.split(":")[0]: float(v.numpy()) for v in extra}
     info = {
