@@ -219,7 +219,18 @@ def build_one(x: np.ndarray, folder: str, name: str, validation: np.ndarray, tau
     )
     ts = manifest["threshold_search"]
     approx = ts.get("approximate", {})
-    keys = ("params", "set_recall", "meets_target", "num_queries", "query_source", "measured_on", "familiar", "served")
+    keys = (
+        "params",
+        "set_recall",
+        "set_recall_lower",
+        "confidence",
+        "meets_target",
+        "num_queries",
+        "query_source",
+        "measured_on",
+        "familiar",
+        "served",
+    )
     return {
         "build_seconds": round(time.perf_counter() - t, 2),
         "build_phases_seconds": manifest.get("build_phases_seconds"),
@@ -412,7 +423,8 @@ def _build_lines(name: str, b: dict, num_queries: int) -> list[str]:
         f"(steps: {b.get('build_phases_seconds')}): {lv['num_leaves']} leaves, top-10 searches "
         f"{lv['leaves_to_search']} and re-scores {lv['reorder_num_neighbors']} (build recall@10 "
         f"{ann['recall_at_10']:.4f} on {ann['num_queries']} {ann['query_source']}). Threshold search: default "
-        f"{m['default']}, tuned {m['params']} with set recall {m['set_recall']} on {m['num_queries']} "
+        f"{m['default']}, tuned {m['params']} with set recall {m['set_recall']} (lower {m.get('confidence')} "
+        f"bound {m.get('set_recall_lower')}) on {m['num_queries']} "
         f"{m.get('query_source')}; familiarity limits {_limits(m.get('familiar'))}; as served on those "
         f"queries: set recall {served.get('set_recall')}, answered exactly {served.get('exact_share')}, approximate "
         f"answers' set recall {served.get('set_recall_approximate')}.",

@@ -52,17 +52,16 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-from scipy import stats
 
 from ce_retrieval.evaluation._arrays import block_rows, check_pair, check_positives, required_positive_pairs
 from ce_retrieval.evaluation.calibration import DEFAULT_BLOCK_ELEMENTS
+from ce_retrieval.utils.proportions import clopper_pearson, cluster_variance
 
 __all__ = [
     "DEFAULT_DELTA",
     "DEFAULT_GRID",
     "METHOD",
     "ScoreRates",
-    "clopper_pearson",
     "guaranteed_thresholds",
     "measure_rates",
     "rates_from_scores",
@@ -74,20 +73,6 @@ DEFAULT_GRID = 64
 MIN_EVENTS = 10
 METHOD = "ltt-bonferroni/clopper-pearson-clustered"
 FORMAT = "rates/1"
-
-
-def clopper_pearson(x, n, alpha, upper: bool) -> np.ndarray:
-    """One-sided Clopper-Pearson bound of a proportion with ``x`` events in ``n`` trials (real-valued x and n
-    allowed: an effective sample size). Lower: Beta(x, n - x + 1).ppf(alpha), 0 at x = 0; upper:
-    Beta(x + 1, n - x).ppf(1 - alpha), 1 at x = n."""
-    x, n = np.asarray(x, np.float64), np.asarray(n, np.float64)
-    x = np.clip(x, 0.0, n)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        if upper:
-            out = np.where(x >= n, 1.0, stats.beta.ppf(1.0 - alpha, x + 1.0, np.maximum(n - x, 1e-12)))
-        else:
-            out = np.where(x <= 0, 0.0, stats.beta.ppf(alpha, np.maximum(x, 1e-12), n - x + 1.0))
-    return np.nan_to_num(out, nan=1.0 if upper else 0.0)
 
 
 @dataclasses.dataclass
@@ -157,18 +142,6 @@ def _grid(pos_scores: np.ndarray, size: int) -> np.ndarray:
     desc = np.sort(pos_scores)[::-1]
     ranks = np.unique(np.ceil(len(desc) * np.arange(1, size + 1) / size).astype(np.int64))
     return np.unique(desc[np.clip(ranks, 1, len(desc)) - 1])[::-1]
-
-
-def _cluster_variance(x_unit: np.ndarray, n_unit: np.ndarray, n: int) -> np.ndarray:
-    """Cluster-robust variance of X / n from per-unit counts ``x_unit`` [K, G] and pair counts ``n_unit`` [K]."""
-    keep = n_unit > 0
-    x_unit, n_unit = x_unit[keep], n_unit[keep]
-    k = len(n_unit)
-    if k < 2 or n == 0:
-        return np.zeros(x_unit.shape[1])
-    p = x_unit.sum(0) / n
-    resid = x_unit - n_unit[:, None] * p[None, :]
-    return (k / (k - 1)) * np.sum(resid * resid, axis=0) / float(n) ** 2
 
 
 def _design_effect(var: np.ndarray, x: np.ndarray, n: int) -> np.ndarray:
@@ -281,13 +254,13 @@ def _rates(block, n: int, m: int, qids, dids, grid_size: int, rows: int, positiv
         return out
 
     tp, fp = pos_row.sum(0), neg_row.sum(0)
-    var_tp = _cluster_variance(by_unit(pos_row), by_unit(pos_per_row), num_pos)
+    var_tp = cluster_variance(by_unit(pos_row), by_unit(pos_per_row), num_pos)
     if positives is not None and _spans_units(unit_of_row[pos_rows], pos_cols):
         pos_col = _ge_counts(pos_col_hist)[:, ::-1]  # the documents' clustering of the relevant pairs too
-        var_tp = var_tp + _cluster_variance(pos_col.astype(np.float64), np.bincount(pos_cols, minlength=m), num_pos)
+        var_tp = var_tp + cluster_variance(pos_col.astype(np.float64), np.bincount(pos_cols, minlength=m), num_pos)
     neg_per_row = m - pos_per_row
     neg_per_col = n - np.bincount(pos_cols, minlength=m)
-    var_fp = _cluster_variance(by_unit(neg_row), by_unit(neg_per_row), num_neg) + _cluster_variance(
+    var_fp = cluster_variance(by_unit(neg_row), by_unit(neg_per_row), num_neg) + cluster_variance(
         neg_col.astype(np.float64), neg_per_col, num_neg
     )
     all_ge = _ge_counts(curve_hist)

@@ -57,6 +57,7 @@ from ce_retrieval.serving.threshold_search import (
     APPROXIMATE,
     FAMILIAR_QUANTILE,
     PROBE_LEAVES,
+    SET_RECALL_CONFIDENCE,
     SPREAD_PRIOR,
     default_threshold_params,
     exact_sets,
@@ -179,9 +180,9 @@ def tune_threshold_search(
     tuning ``queries`` (``own_rows``: each query's own gallery row, left out of its answer and truth, for gallery
     items as queries: :func:`gallery_tuning_queries`):
 
-    * the approximate search's parameters reaching set recall ``target`` against exact search at each calibrated
-      threshold and at the threshold where the median query has 100 hits (so a figure exists even when the
-      calibrated thresholds admit no item of this gallery);
+    * the approximate search's parameters whose set recall (its lower 95 % bound over the queries) reaches
+      ``target`` against exact search at each calibrated threshold and at the threshold where the median query
+      has 100 hits (so a figure exists even when the calibrated thresholds admit no item of this gallery);
     * ``familiar``: the ``FAMILIAR_QUANTILE`` of the tuning queries' familiarity statistics at those parameters
       (``threshold_search.familiarity``), the limits of the per-query check;
     * ``served``: the search as it answers (cost model and familiarity check on) on the same queries: set recall,
@@ -210,7 +211,7 @@ def tune_threshold_search(
         sizes = np.diff(partitions.offsets)
         return float(np.mean([sizes[np.unique(leaf_of_rows(partitions, r))].sum() for r in found]))
 
-    p, recalls, table = tune_threshold_params(
+    p, chosen, table = tune_threshold_params(
         search, q, taus, truth, base, target, max_leaves_factor=every_leaf, expansion_items=expansion_items
     )
     for tau in taus.values():  # the chosen point's statistics at every threshold (the walk measured them, or now)
@@ -224,7 +225,10 @@ def tune_threshold_search(
         if np.isfinite(v).any()
     }
     index.threshold_params, index.familiar_limits = p, limits
+    recalls, lower = chosen["set_recall"], chosen["set_recall_lower"]
     measured = [r for r in recalls.values() if r is not None]
+    bounds = [r for r in lower.values() if r is not None]
+    meets = min(bounds, default=1.0) >= target
     return {
         "method": "approximate by default: ScaNN top-k with k grown x"
         f"{p.growth} from {p.start_k} until the k-th exact score < tau (exact past k = {p.max_k})"
@@ -232,17 +236,20 @@ def tune_threshold_search(
         + "; a query is answered exactly instead when its next step would cost more than a scan (cost model) or "
         "its hits look unlike the tuning queries' (familiar: spread over leaves, hits missed in probe leaves); "
         "exact=true: ball-bounded k-means leaves + exact re-scoring, or a scan when pruning cannot win",
-        "default": "approximate" if min(measured, default=1.0) >= target else "exact",
+        "default": "approximate" if meets else "exact",
         "file": PARTITIONS_FILE if partitions is not None else None,
         "partition_leaves": 0 if partitions is None else len(partitions.offsets) - 1,
         "approximate": {
             "params": p.to_json(),
             "set_recall": recalls,
             "set_recall_min": min(measured) if measured else None,
+            "set_recall_lower": lower,
+            "set_recall_lower_min": min(bounds) if bounds else None,
+            "confidence": SET_RECALL_CONFIDENCE,
             "thresholds": taus,
             "mean_hits": {t: float(np.mean([len(r) for r in truth[t]])) for t in names},
             "target": target,
-            "meets_target": min(measured, default=1.0) >= target,
+            "meets_target": meets,
             "num_queries": len(q),
             "query_source": source,
             "measured_on": "given_queries" if own_rows is None else "gallery_items",

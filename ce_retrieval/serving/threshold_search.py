@@ -25,14 +25,16 @@ a superset of H_q: a query's hits are near each other and share small leaves, wh
 leaves by their centres and misses the hits of leaves it ranks low. An item above tau is then missed only when no
 hit of its partition leaf was found.
 
-What the index guarantees is a *measured* figure, not a bound: at build time the set recall
+What the index promises is a *measured* figure: at build time the set recall
 
     set recall(tau) = sum_q |A_q(tau) & E_q(tau)| / sum_q |E_q(tau)|      (A: approximate, E: exact answer)
 
 is measured on held-out evaluation queries at each calibrated threshold, the first ``(leaves_factor,
-reorder_factor, expand_leaves)`` of the tuning walk reaching the target (0.99) is chosen (``tune_threshold_params``)
-and the figures go in the manifest (``threshold_search``). ``exact=True`` (or an index without such a measurement)
-uses the exact search.
+reorder_factor, expand_leaves)`` of the tuning walk whose set recall has a lower 95 % bound over the queries
+(queries as clusters of hits: ``set_recall_lower_bound``) at or above the target (0.99) is chosen
+(``tune_threshold_params``), and the figures go in the manifest (``threshold_search``). The bound covers the
+sampling of the tuning queries, not traffic unlike them: that is the per-query familiarity check's job (below).
+``exact=True`` (or an index without such a measurement) uses the exact search.
 
 Two per-query checks keep the approximate search from losing to the exact one (issue #32):
 
@@ -73,6 +75,7 @@ import numpy as np
 
 from ce_retrieval.evaluation.search import exact_search
 from ce_retrieval.serving.partitions import BallPartitions, leaf_of_rows, union_rows
+from ce_retrieval.utils.proportions import clustered_lower_bound
 
 __all__ = [
     "CostModel",
@@ -85,6 +88,7 @@ __all__ = [
     "probe_leaves",
     "score_leaves",
     "set_recall",
+    "set_recall_lower_bound",
     "tune_threshold_params",
 ]
 
@@ -349,6 +353,25 @@ def set_recall(found: list[np.ndarray], truth: list[np.ndarray]) -> float | None
     return float(hit / total)
 
 
+# The tuning accepts a point when the lower bound of its set recall reaches the target (one-sided, this confidence):
+# the tuning queries are a sample of the traffic, and a point estimate at the target is short of it half the time.
+SET_RECALL_CONFIDENCE = 0.95
+
+
+def set_recall_lower_bound(
+    found: list[np.ndarray], truth: list[np.ndarray], confidence: float = SET_RECALL_CONFIDENCE
+) -> float | None:
+    """Lower ``confidence`` bound of the set recall over the population the queries were drawn from. A query's
+    hits are found or missed together (a leaf the search skipped holds several), so queries are the clusters:
+    Clopper-Pearson at the effective number of hits ``sum_q |E_q| / deff`` (``utils.proportions``). None when no
+    query has a true hit."""
+    n_unit = np.array([len(t) for t in truth], np.float64)
+    x_unit = np.array(
+        [len(np.intersect1d(f, t, assume_unique=True)) for f, t in zip(found, truth, strict=True)], np.float64
+    )
+    return clustered_lower_bound(x_unit, n_unit, confidence)
+
+
 def exact_sets(queries: np.ndarray, x: np.ndarray, taus: list[float], block: int = 1 << 16) -> list[list[np.ndarray]]:
     """Reference answers by a blocked scan: ``sets[t][q]`` = rows of ``x`` with ``q.x >= taus[t]`` (ascending)."""
     lo = min(taus)
@@ -386,11 +409,13 @@ def tune_threshold_params(
     target: float,
     max_leaves_factor: float = LEAVES_FACTORS[-1],
     expansion_items: Callable[[list[np.ndarray]], float] | None = None,
+    confidence: float | None = SET_RECALL_CONFIDENCE,
 ) -> tuple[ThresholdParams, dict, list[dict]]:
     """The first ``(leaves_factor, reorder_factor, expand_leaves)`` whose set recall reaches ``target`` at every
-    threshold in ``taus``, walking leaves factors up and re-scoring depths up at each (module comment at
-    ``LEAVES_FACTORS``); at each point without the leaf expansion first (it costs exact scores), then with it when
-    ``base.expand_leaves``.
+    threshold in ``taus`` (its lower ``confidence`` bound over the queries, :func:`set_recall_lower_bound`; the
+    point estimate with ``confidence=None``), walking leaves factors up and re-scoring depths up at each (module
+    comment at ``LEAVES_FACTORS``); at each point without the leaf expansion first (it costs exact scores), then
+    with it when ``base.expand_leaves``.
 
     When the first point to reach the target needs the expansion and ``expansion_items(found rows per query)``
     (the exact scores the expansion made per query) is given, deeper re-scoring without the expansion at the same
@@ -401,8 +426,11 @@ def tune_threshold_params(
     re-scoring reaches the target for 1,600 more.
 
     ``search(queries, tau, params) -> found rows per query``; ``max_leaves_factor`` is the factor that searches
-    every leaf (the last one tried). Returns ``(params, recall per threshold name, tuning table)``; when no point
-    reaches the target, the best one (by its lowest set recall)."""
+    every leaf (the last one tried). Returns ``(params, its row, tuning table)``: a row holds ``set_recall`` and
+    ``set_recall_lower`` per threshold name; when no point reaches the target, the best one (by its lowest
+    bound). One bound per point, each at ``confidence``: the walk stops at the first point whose bound clears the
+    target, so a point short of it is accepted with probability at most 1 - confidence only when it is the first
+    to clear (points well short of the target almost never do)."""
     table: list[dict] = []
     tried: list[ThresholdParams] = []
 
@@ -410,11 +438,17 @@ def tune_threshold_params(
         """Runs ``p`` at every threshold, appends its row to the tuning table; returns (row, found rows)."""
         found = {name: search(queries, tau, p) for name, tau in taus.items()}
         recalls = {name: set_recall(found[name], truth[name]) for name in taus}
+        lower = (
+            recalls
+            if confidence is None
+            else {name: set_recall_lower_bound(found[name], truth[name], confidence) for name in taus}
+        )
         row = {
             "leaves_factor": p.leaves_factor,
             "reorder_factor": p.reorder_factor,
             "expand_leaves": p.expand_leaves,
             "set_recall": recalls,
+            "set_recall_lower": lower,
         }
         table.append(row)
         tried.append(p)
@@ -440,14 +474,14 @@ def tune_threshold_params(
                         items = max(expansion_items(f) for f in found.values())
                         row["exact_scores_per_query"] = p.reorder_factor * p.start_k + items
                         p, row = _cheaper_without_expansion(measure, p, row, j, target)
-                    return p, row["set_recall"], table
+                    return p, row, table
                 best_here = max(best_here, _worst(row))
             if previous is not None and best_here - previous < REORDER_SATURATION:
                 start = j - 1  # deeper re-scoring stopped paying: more leaves, from the depth that saturated
                 break
             previous = best_here
     best = max(range(len(table)), key=lambda i: _worst(table[i]))
-    return tried[best], table[best]["set_recall"], table
+    return tried[best], table[best], table
 
 
 def _cheaper_without_expansion(measure, p: ThresholdParams, row: dict, j: int, target: float):
@@ -466,7 +500,8 @@ def _cheaper_without_expansion(measure, p: ThresholdParams, row: dict, j: int, t
 
 
 def _worst(row: dict) -> float:
-    measured = [r for r in row["set_recall"].values() if r is not None]
+    """The row's lowest set recall bound over the thresholds (1 where no threshold has a true hit)."""
+    measured = [r for r in row["set_recall_lower"].values() if r is not None]
     return min(measured) if measured else 1.0
 
 

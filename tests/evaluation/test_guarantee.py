@@ -8,12 +8,12 @@ from scipy import stats
 from ce_retrieval.evaluation.calibration import global_pr_auc
 from ce_retrieval.evaluation.guarantee import (
     ScoreRates,
-    clopper_pearson,
     guaranteed_thresholds,
     measure_rates,
     precision_at_size,
     rates_from_scores,
 )
+from ce_retrieval.utils.proportions import clopper_pearson
 
 # A two-way random-effects score model: s_ij = mu + a_i + b_j + e_ij (query effect a, image effect b), so the
 # pairs of one caption and of one image are correlated, as real scores are. Marginally Gaussian: the true rates,

@@ -170,20 +170,20 @@ def test_tuning_walks_reorder_until_it_saturates_then_more_leaves():
     accuracy = {1.0: 0.95, 2.0: 0.99, 4.0: 0.996, 8.0: 0.997, 16.0: 1.0, 32.0: 1.0, 64.0: 1.0}
     search, truth = recall_model(coverage, accuracy)
     base = ThresholdParams(start_k=10, max_k=100, expand_leaves=True)
-    p, recalls, table = tune_threshold_params(search, None, {"t": 0.5}, truth, base, 0.99)
+    p, row, table = tune_threshold_params(search, None, {"t": 0.5}, truth, base, 0.99, confidence=None)
     walked = [(row["leaves_factor"], row["reorder_factor"], row["expand_leaves"]) for row in table]
     # with expansion, leaves x1: 0.855, 0.891, 0.8964, 0.8973 (+0.0009: saturated at x8); leaves x1.5 from x4:
     # 0.9462, 0.9472 (saturated); leaves x2 from x4: 0.98903, 0.99002 -> met; each point first without (x 0.99)
     points = [(1, 1), (1, 2), (1, 4), (1, 8), (1.5, 4), (1.5, 8), (2, 4), (2, 8)]
     assert walked == [(lf, rf, e) for lf, rf in points for e in (False, True)]
-    assert (p.leaves_factor, p.reorder_factor, p.expand_leaves) == (2.0, 8.0, True) and recalls["t"] >= 0.99
+    assert (p.leaves_factor, p.reorder_factor, p.expand_leaves) == (2.0, 8.0, True) and row["set_recall"]["t"] >= 0.99
     assert (p.start_k, p.max_k) == (10, 100)
     # a point that meets the target without the expansion keeps it off; a base without it never tries it
     search, truth = recall_model(coverage, accuracy, without_expansion=1.0)
-    p, _, table = tune_threshold_params(search, None, {"t": 0.5}, truth, base, 0.99)
+    p, _, table = tune_threshold_params(search, None, {"t": 0.5}, truth, base, 0.99, confidence=None)
     assert (p.leaves_factor, p.reorder_factor, p.expand_leaves) == (2.0, 8.0, False)
     p, _, table = tune_threshold_params(
-        search, None, {"t": 0.5}, truth, dataclasses.replace(base, expand_leaves=False), 0.99
+        search, None, {"t": 0.5}, truth, dataclasses.replace(base, expand_leaves=False), 0.99, confidence=None
     )
     assert not any(row["expand_leaves"] for row in table)
 
@@ -197,11 +197,11 @@ def test_tuning_prefers_deeper_rescoring_when_the_expansion_scores_more(without_
     accuracy = {1.0: 0.95, 2.0: 0.99, 4.0: 0.996, 8.0: 0.997, 16.0: 1.0, 32.0: 1.0, 64.0: 1.0}
     search, truth = recall_model(coverage, accuracy, without_expansion=without_expansion)
     base = ThresholdParams(start_k=10, max_k=100, expand_leaves=True)
-    p, recalls, table = tune_threshold_params(
-        search, None, {"t": 0.5}, truth, base, 0.99, expansion_items=lambda found: float(items)
+    p, row, table = tune_threshold_params(
+        search, None, {"t": 0.5}, truth, base, 0.99, expansion_items=lambda found: float(items), confidence=None
     )
     assert (p.leaves_factor, p.reorder_factor, p.expand_leaves) == (2.0, float(want[0]), want[1])
-    assert recalls["t"] >= 0.99 and table[-1]["exact_scores_per_query"] in (160, 80 + items)
+    assert row["set_recall"]["t"] >= 0.99 and table[-1]["exact_scores_per_query"] in (160, 80 + items)
 
 
 def test_tuning_stops_at_every_leaf_and_keeps_the_best_when_the_target_is_out_of_reach():
@@ -209,9 +209,62 @@ def test_tuning_stops_at_every_leaf_and_keeps_the_best_when_the_target_is_out_of
     accuracy = dict.fromkeys((1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0), 0.9)
     search, truth = recall_model(coverage, accuracy, without_expansion=1.0)
     base = ThresholdParams(start_k=10, max_k=100)
-    p, recalls, table = tune_threshold_params(search, None, {"t": 0.5}, truth, base, 0.99, max_leaves_factor=2.5)
-    assert max(row["leaves_factor"] for row in table) == 2.5  # factors past every leaf are never tried
-    assert (p.leaves_factor, p.reorder_factor) == (2.5, 1.0) and recalls["t"] == pytest.approx(0.72)
+    p, row, table = tune_threshold_params(search, None, {"t": 0.5}, truth, base, 0.99, max_leaves_factor=2.5)
+    assert max(r["leaves_factor"] for r in table) == 2.5  # factors past every leaf are never tried
+    assert (p.leaves_factor, p.reorder_factor) == (2.5, 1.0) and row["set_recall"]["t"] == pytest.approx(0.72)
+
+
+def test_set_recall_bound_is_clopper_pearson_for_independent_hits_and_wider_for_clustered_ones():
+    """One hit per query: the hits are independent, the bound is the exact binomial one (scipy). Hits that are
+    found or missed a whole query at a time: same point estimate, a wider bound. Nothing missed: alpha^(1/n)."""
+    from scipy import stats
+
+    truth = [np.array([0]) for _ in range(1000)]
+    found = [t if i >= 20 else t[:0] for i, t in enumerate(truth)]  # 980 of 1,000 found
+    want = stats.beta.ppf(0.05, 980, 21)
+    # (the small-sample factor K / (K - 1) of the cluster variance makes deff 1.001 here)
+    assert ts.set_recall_lower_bound(found, truth, 0.95) == pytest.approx(want, rel=1e-4)
+    truth = [np.arange(50) for _ in range(20)]  # 1,000 hits in 20 queries; one query's 20 hits missed at once
+    found = [t[:30] if i == 0 else t for i, t in enumerate(truth)]
+    assert ts.set_recall(found, truth) == pytest.approx(0.98)
+    assert ts.set_recall_lower_bound(found, truth, 0.95) < want - 0.02
+    assert ts.set_recall_lower_bound(truth, truth, 0.95) == pytest.approx(0.05 ** (1 / 1000))
+    assert ts.set_recall_lower_bound([np.zeros(0, np.int64)], [np.zeros(0, np.int64)]) is None
+
+
+def test_set_recall_bound_covers_the_population_recall():
+    """400 draws of 200 queries whose recalls vary by query (each query's hits missed together, as a skipped leaf
+    does): the 95 % lower bound is at or below the population's set recall in at least 92 % of the draws (a
+    bound that ignored the clustering would cover far less)."""
+    rng = np.random.default_rng(7)
+    covered = 0
+    for _ in range(400):
+        hits = rng.integers(20, 200, size=200)
+        recall = np.clip(rng.beta(40, 0.4, size=200), 0, 1)  # mean 0.990, heavy tail of poorly served queries
+        found_n = rng.binomial(hits, recall)
+        truth = [np.arange(h) for h in hits]
+        found = [np.arange(f) for f in found_n]
+        covered += ts.set_recall_lower_bound(found, truth, 0.95) <= 40 / 40.4
+    assert covered >= 0.92 * 400
+
+
+def test_tuning_with_the_bound_walks_past_a_point_whose_estimate_only_just_reaches_the_target():
+    """200 queries of 50 hits; at (1, 1) each query misses its whole 50 hits with probability 0.8 %: set recall
+    ~0.992 but the clustered bound is below 0.99; at (1, 2) nothing is missed. The point estimate keeps (1, 1), the
+    bound walks on to (1, 2)."""
+    rng = np.random.default_rng(3)
+    truth = [np.arange(50) for _ in range(200)]
+    missed = np.flatnonzero(rng.random(200) < 0.008)
+    missed = missed if len(missed) else np.array([0])
+
+    def search(queries, tau, p):
+        return [t[:0] if (p.reorder_factor == 1.0 and i in missed) else t for i, t in enumerate(truth)]
+
+    base = ThresholdParams(start_k=10, max_k=100)
+    p, row, _ = tune_threshold_params(search, None, {"t": 0.5}, {"t": truth}, base, 0.99, confidence=None)
+    assert (p.leaves_factor, p.reorder_factor) == (1.0, 1.0) and row["set_recall"]["t"] >= 0.99
+    p, row, _ = tune_threshold_params(search, None, {"t": 0.5}, {"t": truth}, base, 0.99)
+    assert (p.leaves_factor, p.reorder_factor) == (1.0, 2.0) and row["set_recall_lower"]["t"] >= 0.99
 
 
 @pytest.mark.parametrize("case", ["pruning_helps", "pruning_cannot_help", "ties_at_tau"])
