@@ -221,7 +221,9 @@ class GalleryIndex:
             start_k=int(self.reorder or 100), max_k=max(1, len(self) // 10), expand_leaves=True
         )
         rows, scores, reasons, _ = self.approximate_threshold_rows(queries, tau, p, limit)
-        approximate = ThresholdAnswer(False, self.approximate_set_recall, ts.APPROXIMATE)
+        # without familiarity limits (no threshold partitions) nothing tells a query unlike the tuning ones: say so
+        checked = ts.APPROXIMATE if self.familiar_limits else ts.UNCHECKED
+        approximate = ThresholdAnswer(False, self.approximate_set_recall, checked)
         answers = [approximate if r == ts.APPROXIMATE else ThresholdAnswer(True, 1.0, r) for r in reasons]
         return rows, scores, answers
 

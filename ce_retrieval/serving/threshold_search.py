@@ -192,6 +192,10 @@ INDEX_EXACT = "exact: the index has no measured approximate search"
 COST = "exact: growing top-k would cost more than a scan"
 UNFAMILIAR = "exact: the hits found spread over more leaves than the tuning queries' (a query unlike them)"
 APPROXIMATE = "approximate"
+UNCHECKED = (
+    "approximate, unchecked: the index has no threshold partitions, so a query unlike the tuning queries is not "
+    "detected and its set recall can be far below the figure"
+)
 UNKNOWN = "unknown (a shard that does not report how it answered)"
 MERGED = "merged from shards' answers"
 

@@ -532,7 +532,8 @@ def test_probe_leaves_are_the_best_leaves_without_a_found_hit():
 
 def test_a_build_without_threshold_partitions(tmp_path, monkeypatch):
     """``threshold_partitions=False``: no partitions file, no familiarity check (its approximate answers carry the
-    figure measured over every tuning query), and exact answers from a plain scan, equal to brute force."""
+    figure measured over every tuning query and say they are unchecked: the 1M benchmark measured set recall 0.76
+    for other-cluster queries on such an index), and exact answers from a plain scan, equal to brute force."""
     free_rounds(monkeypatch)
     x = cluster_draws(20000, 64, 40, seed=0, stream=0)
     model = {"fingerprint": "test", "export_id": "test", "embedding_dim": 64, "normalization": "l2"}
@@ -549,7 +550,7 @@ def test_a_build_without_threshold_partitions(tmp_path, monkeypatch):
     q = QUERY_SETS["other_clusters"]()[:20]
     tau = tau_for_median_hits(q, x, 100)
     _, _, answers = index.answer_threshold(q, tau)
-    assert {a.reason for a in answers} == {ts.APPROXIMATE}
+    assert {a.reason for a in answers} == {ts.UNCHECKED}
     assert answers[0].set_recall == index.approximate_set_recall >= approx["target"]
     got, _, _ = index.answer_threshold(q, tau, exact=True)
     assert [set(g.tolist()) for g in got] == brute_force(q, x, tau)  # ids are the input rows (input order)
