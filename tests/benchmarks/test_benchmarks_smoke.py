@@ -4,14 +4,14 @@ registered loss gets a row and a finite ratio, so a new loss cannot silently bre
 import math
 
 import pytest
-from bench_loader import load_benchmark
 
+from benchmarks.losses import all_losses, dml_pairs_check
+from benchmarks.quality import paper_tables
 from ce_retrieval import losses
 
 
 def test_losses_benchmark_covers_every_registered_loss(capsys):
-    bench = load_benchmark("losses")
-    assert bench.main(["--sizes", "32", "--modes", "function", "--repeats", "1"]) == 0
+    assert all_losses.main(["--sizes", "32", "--modes", "function", "--repeats", "1"]) == 0
     rows = [
         line.split("|") for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "---" not in line
     ]
@@ -22,7 +22,6 @@ def test_losses_benchmark_covers_every_registered_loss(capsys):
 
 
 def test_dml_pairs_benchmark_runs(capsys, monkeypatch):
-    bench = load_benchmark("dml_pairs_check")
     argv = [
         "dml_pairs_check.py",
         "--n",
@@ -35,21 +34,20 @@ def test_dml_pairs_benchmark_runs(capsys, monkeypatch):
         "TripletLoss(all),+npair",
     ]
     monkeypatch.setattr("sys.argv", argv)
-    bench.main()
+    dml_pairs_check.main()
     out = capsys.readouterr().out
     assert "TripletLoss(all)" in out and "AngularLoss(+npair)" in out
 
 
 @pytest.mark.slow
 def test_paper_tables_smoke_writes_every_artefact(tmp_path):
-    """``benchmarks/paper_tables.py --smoke``: every stage (features, six objectives x 2 seeds, paired CE - SS,
-    both sweeps, the figures) on tiny sizes."""
+    """``python -m benchmarks.quality.paper_tables --smoke``: every stage (features, six objectives x 2 seeds,
+    paired CE - SS, both sweeps, the figures) on tiny sizes."""
     import json
 
-    bench = load_benchmark("paper_tables")
-    assert bench.main(["--smoke", "--out", str(tmp_path)]) == 0
+    assert paper_tables.main(["--smoke", "--out", str(tmp_path)]) == 0
     table = (tmp_path / "table.md").read_text()
-    for loss in bench.PAPER_LOSSES:
+    for loss in paper_tables.PAPER_LOSSES:
         assert f"| {loss} | 2 |" in table, loss
     assert "CrossExampleSoftmax − SampledSoftmax | global PR-AUC" in table
     assert "CE gain against global batch size" in table and "CE gain against logit scale" in table

@@ -4,8 +4,12 @@ import json
 
 import numpy as np
 import pytest
-from bench_loader import load_benchmark
 
+from benchmarks.quality import calibration_analysis as analysis
+from benchmarks.quality import calibration_suite as suite
+from benchmarks.quality import calibration_suite_report as report
+from benchmarks.quality import guarantee_coverage as coverage
+from benchmarks.quality import suite_objectives as objectives
 from ce_retrieval import losses
 
 
@@ -19,7 +23,6 @@ def _registered(name):
 
 @pytest.mark.slow
 def test_quick_plan_writes_tables_plots_and_analysis(tmp_path):
-    suite = load_benchmark("calibration_suite")
     results = tmp_path / "results"
     args = ["--quick", "--out", str(tmp_path), "--results", str(results), "--analyse", "--promise_distractors", "80"]
     assert suite.main(args) == 0
@@ -47,7 +50,6 @@ def test_quick_plan_writes_tables_plots_and_analysis(tmp_path):
     with np.load(tmp_path / "runs" / "heads" / "digits" / "CE-seed0.npz") as z:
         assert {"val_q", "val_d", "promise_d"} <= set(z.files) and len(z["promise_d"]) == 80
     assert "guaranteed_recall_0.5" in ce_doc_summary(tmp_path)
-    coverage = load_benchmark("guarantee_coverage")
     assert coverage.main(["--runs", str(tmp_path), "--results", str(results), "--resamples", "2"]) == 0
     cov = json.loads((results / "guarantee_coverage.json").read_text())
     assert cov["num_runs"] == len(record["runs"]) and {t["multiplier"] for t in cov["totals"]} == {1, 10}
@@ -63,7 +65,6 @@ def _doc(name, seed, **summary):
 
 
 def test_table_rows_pair_by_seed_and_test_the_difference():
-    report = load_benchmark("calibration_suite_report")
     ss = [_doc("SS", s, pr_auc=v) for s, v in ((0, 0.30), (1, 0.32), (2, 0.31))]
     ce = [_doc("CE", s, pr_auc=v) for s, v in ((2, 0.36), (0, 0.33), (1, 0.36))]  # out of order: paired by seed
     rows = {r["objective"]: r for r in report.table_rows({"SS": ss, "CE": ce})}
@@ -78,7 +79,6 @@ def test_table_rows_pair_by_seed_and_test_the_difference():
 
 
 def test_per_query_ranks_fits_and_offsets_match_a_brute_force_count():
-    analysis = load_benchmark("calibration_analysis")
     rng = np.random.default_rng(0)
     q, d = rng.normal(size=(7, 4)), rng.normal(size=(5, 4))
     q_ids, d_ids = np.asarray([10, 11, 12, 13, 14, 10, 99]), np.asarray([14, 13, 12, 11, 10])
@@ -102,7 +102,6 @@ def test_per_query_ranks_fits_and_offsets_match_a_brute_force_count():
 
 
 def test_objectives_not_in_the_project_are_reported_not_faked():
-    objectives = load_benchmark("suite_objectives")
     missing = objectives.Objective("NoSuchLoss")
     assert objectives.unavailable(missing, "heads") == "NoSuchLoss is not registered in ce_retrieval.losses"
     assert objectives.unavailable(objectives.OBJECTIVES["CE"], "heads") is None
@@ -125,7 +124,6 @@ def _features(rng, n_img=24, caps=2, dim=8):
 def test_the_scale_is_chosen_on_validation_only():
     """#30 part 3: the sweep's choice reads the validation split only (the features given have no test arrays to
     read: any access would fail) and takes the λ with the best validation PR-AUC + R@1."""
-    suite = load_benchmark("calibration_suite")
     plan = suite.dataclasses.replace(suite.QUICK, scales=(5.0, 40.0), heads_steps=4, heads_batch=8)
     features = _features(np.random.default_rng(0))
 
@@ -142,7 +140,6 @@ def test_the_scale_is_chosen_on_validation_only():
 
 
 def test_paired_by_draw_takes_the_draw_as_the_unit():
-    report = load_benchmark("calibration_suite_report")
 
     def doc(name, draw, seed, v):
         return {"run_name": name, "config": {"train": {"seed": seed, "feature_draw": draw}}, "summary": {"k": v}}

@@ -4,9 +4,8 @@ disagreement is caught on a small broken copy."""
 import pathlib
 
 import pytest
-from bench_loader import ROOT, load_benchmark
 
-check_records = load_benchmark("check_records")
+from benchmarks import ROOT, check_records
 
 HEADER = """# Benchmarks
 

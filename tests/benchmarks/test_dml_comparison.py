@@ -3,13 +3,12 @@ Recall@1, MAP@R and NMI on unseen classes (NCA and LMNN are exercised end to end
 test_dml_proxy_layers.py)."""
 
 import pytest
-from bench_loader import load_benchmark
 
+from benchmarks.losses import dml_comparison
+from benchmarks.losses.toy_data import make_labelled_data
 from ce_retrieval.losses import SoftTripleLoss
 
-dml_comparison = load_benchmark("dml_comparison")
 compare_losses, format_table = dml_comparison.compare_losses, dml_comparison.format_table
-make_labelled_data = load_benchmark("toy_data").make_labelled_data
 
 
 @pytest.mark.slow

@@ -5,12 +5,12 @@ import json
 
 import numpy as np
 import pytest
-from bench_loader import load_benchmark
+
+from benchmarks.quality import recalibration as bench
 
 
 @pytest.mark.slow
 def test_quick_plan_writes_the_record(tmp_path):
-    bench = load_benchmark("recalibration")
     results = tmp_path / "results"
     assert bench.main(["--quick", "--out", str(tmp_path), "--results", str(results)]) == 0
     record = json.loads((results / "recalibration_shapes_to_vague.json").read_text())
@@ -24,7 +24,6 @@ def test_quick_plan_writes_the_record(tmp_path):
 
 
 def test_a_promise_is_checked_on_the_held_out_queries():
-    bench = load_benchmark("recalibration")
     truth = bench.Truth.__new__(bench.Truth)
     truth.scores = np.array([[0.9, 0.1], [0.8, 0.7], [0.2, 0.6]])
     truth.relevant = np.array([[True, False], [False, True], [False, True]])

@@ -2,7 +2,7 @@
 
 import json
 
-from benchmarks.record_files import write_json, write_record
+from benchmarks.common.records import write_json, write_record
 
 
 def test_write_record_writes_json_and_markdown_and_prints(tmp_path, capsys):

@@ -4,12 +4,12 @@ corpus. Fails if an invariant breaks (a temporary / partial checkpoint file left
 other than 4xx with a reason). The export/index kill part is left to the full run (it needs ~1 min alone)."""
 
 import pytest
-from bench_loader import load_benchmark
+
+from benchmarks.serving import reliability as bench
 
 
 @pytest.mark.slow
 def test_reliability_quick(tmp_path):
-    bench = load_benchmark("reliability")
     lines = []
     records = bench.run(
         ["train", "service", "bad"],

@@ -11,14 +11,15 @@ import sys
 
 import numpy as np
 import pytest
-from bench_loader import ROOT
+
+from benchmarks import ROOT
 
 PLAN = ["--quick", "--seeds", "1", "--objectives", "SS", "CE", "--scratch_objectives", "CE"]
 TIMINGS = ("seconds", "train_seconds", "minutes", "machine")
 
 
 def _start(out):
-    command = [sys.executable, str(ROOT / "benchmarks" / "calibration_suite.py"), *PLAN]
+    command = [sys.executable, "-m", "benchmarks.quality.calibration_suite", *PLAN]
     command += ["--out", str(out), "--results", str(out / "results")]
     env = {**os.environ, "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
     return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -9,9 +9,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from bench_loader import load_benchmark
 
-bench = load_benchmark("siglip_openclip")
+from benchmarks.scale import siglip_openclip as bench
 
 
 @pytest.mark.parametrize("blocks", [1, 2, 3, 4, 8])

@@ -5,11 +5,11 @@ import json
 
 import numpy as np
 import pytest
-from bench_loader import load_benchmark
+
+from benchmarks.serving import threshold_leaves as bench
 
 
 def test_leaf_stats_counts_the_oracle_leaves_and_the_expansion():
-    bench = load_benchmark("threshold_leaves")
     leaf = np.array([0, 0, 0, 1, 1, 2, 2, 2, 2, 3])  # leaf of each of 10 rows
     truth = [np.array([0, 1, 3, 5]), np.array([6, 7, 8])]
     found = [np.array([0]), np.array([], np.int64)]
@@ -22,7 +22,6 @@ def test_leaf_stats_counts_the_oracle_leaves_and_the_expansion():
 
 @pytest.mark.slow
 def test_threshold_leaves_bench_writes_its_record(tmp_path):
-    bench = load_benchmark("threshold_leaves")
     bench.main(["--n", "20000", "--queries", "20", "--workdir", str(tmp_path), "--out", str(tmp_path / "out")])
     r = json.loads((tmp_path / "out" / "threshold_leaves.json").read_text())
     assert set(r["query_sets"]) == {"gallery_clusters", "gallery_clusters_noisy", "other_clusters"}

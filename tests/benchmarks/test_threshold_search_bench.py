@@ -6,13 +6,13 @@ import json
 
 import numpy as np
 import pytest
-from bench_loader import load_benchmark
+
+from benchmarks.serving import threshold_search as bench
 
 
 def test_query_streams_share_the_gallery_clusters_and_draw_other_samples():
     """Held-out queries of another stream are new samples of the gallery's clusters (near its centres), not rows of
     the gallery; another seed gives other clusters."""
-    bench = load_benchmark("threshold_search")
     x = bench.hard_gallery(20000)  # 10 items per cluster
     same = bench.hard_gallery(200, stream=bench.QUERY_STREAM)
     other = bench.hard_gallery(200, seed=bench.SEED + 1)
@@ -21,7 +21,6 @@ def test_query_streams_share_the_gallery_clusters_and_draw_other_samples():
 
 
 def test_exact_topk_is_the_best_k():
-    bench = load_benchmark("threshold_search")
     rng = np.random.default_rng(1)
     q, x = rng.normal(size=(5, 8)).astype(np.float32), rng.normal(size=(300, 8)).astype(np.float32)
     want = np.sort(np.argsort(-(q @ x.T), axis=1)[:, :7], axis=1)
@@ -30,7 +29,6 @@ def test_exact_topk_is_the_best_k():
 
 
 def test_kth_scores_is_the_kth_best_score():
-    bench = load_benchmark("threshold_search")
     rng = np.random.default_rng(0)
     q, x = rng.normal(size=(7, 16)).astype(np.float32), rng.normal(size=(1000, 16)).astype(np.float32)
     want = np.sort(q @ x.T, axis=1)[:, -5]
@@ -40,7 +38,6 @@ def test_kth_scores_is_the_kth_best_score():
 
 
 def test_noisy_queries_are_further_from_their_clusters():
-    bench = load_benchmark("threshold_search")
     x = bench.hard_gallery(20000)
     same = bench.hard_gallery(200, stream=bench.QUERY_STREAM)
     noisy = bench.hard_gallery(200, stream=bench.QUERY_STREAM, noise=bench.QUERY_NOISE)
@@ -52,7 +49,6 @@ def test_noisy_queries_are_further_from_their_clusters():
 def test_threshold_search_bench_keeps_and_reuses_its_index(tmp_path):
     """Both builds (with validation queries, and build_index's defaults), three query sets each, the answers'
     flags, kept and reused."""
-    bench = load_benchmark("threshold_search")
     argv = ["--n", "20000", "--queries", "20", "--repeats", "1", "--workdir", str(tmp_path), "--keep"]
     argv += ["--out", str(tmp_path / "out")]
     bench.main(argv)

@@ -5,12 +5,12 @@ and the record's fields. Figures only in the benchmark's record."""
 import json
 
 import pytest
-from bench_loader import load_benchmark
+
+from benchmarks.serving import threshold_service as bench
 
 
 @pytest.mark.slow
 def test_threshold_service_smoke(tmp_path):
-    bench = load_benchmark("threshold_service")
     demo = tmp_path / "demo"
     bench.generated_export(str(demo / "export"), 300, None)
     (demo / "record.json").write_text(json.dumps({"seconds": 12.5, "date": "2026-11-25T00:00:00+00:00", "seed": 0}))

@@ -3,9 +3,8 @@ rises well above chance), and the script's command line runs it."""
 
 import pytest
 import tf_keras
-from bench_loader import load_benchmark
 
-toy_losses = load_benchmark("toy_losses")
+from benchmarks.losses import toy_losses
 
 FAMILY = [
     "SampledSoftmax",

@@ -5,7 +5,8 @@ gives a finite loss, and the record has every field."""
 import json
 
 import pytest
-from bench_loader import load_benchmark
+
+from benchmarks.scale import train_scale as bench
 
 TINY = (  # the demo towers, smaller: the same layers, fewer and narrower
     "model.embedding_dim=16,model.text.hidden_size=16,model.text.num_layers=1,model.text.intermediate_size=32,"
@@ -15,7 +16,6 @@ TINY = (  # the demo towers, smaller: the same layers, fewer and narrower
 
 @pytest.mark.slow
 def test_smoke_run_takes_the_configured_paths_and_writes_the_record(tmp_path):
-    bench = load_benchmark("train_scale")
     argv = ["--runs", "a,c", "--tile", "64", "--baseline_batch", "256", "--chunk", "128", "--replica_batch", "128",
             "--replicas", "2", "--replica_chunk", "32", "--override", TINY, "--out", str(tmp_path)]  # fmt: skip
     assert bench.main(argv) == 0
@@ -38,7 +38,6 @@ def test_smoke_run_takes_the_configured_paths_and_writes_the_record(tmp_path):
 
 def test_first_step_only_is_reported_as_such():
     """A run without timed steps (run b at 65,536 by default) takes its time per example from the first step."""
-    bench = load_benchmark("train_scale")
     base = {
         "key": "a",
         "label": "a",
@@ -66,6 +65,5 @@ def test_first_step_only_is_reported_as_such():
 
 
 def test_a_run_refuses_an_unknown_configuration():
-    bench = load_benchmark("train_scale")
     with pytest.raises(SystemExit, match="unknown configuration"):
         bench.plan(bench.parse_args(["--runs", "a,x"]))

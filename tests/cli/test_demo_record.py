@@ -1,19 +1,14 @@
-"""The main job's record (ce_retrieval/cli/demo_record.py) and the range over seeds (benchmarks/demo_seeds.py):
+"""The main job's record (ce_retrieval/cli/demo_record.py) and the range over seeds (``benchmarks.quality.demo_seeds``):
 figures read from the report, files written, ranges and positions computed, the shipped range well formed."""
 
 import json
 import os
-import sys
 import types
 
 import pytest
 
+from benchmarks.quality import demo_seeds
 from ce_retrieval.cli import demo_record
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-from bench_loader import load_benchmark  # noqa: E402
-
-demo_seeds = load_benchmark("demo_seeds")
 
 
 def _report(pr_auc, r1, levels_reached, precision_05):

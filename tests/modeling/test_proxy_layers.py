@@ -1,32 +1,16 @@
 """ProxySimilarity (training, checkpoints, SavedModel), proxy_relevance, fixed centroids, the SoftTriple centre
 regulariser, and linear metric learning with MahalanobisProjection + LMNN / NCA under model.fit."""
 
-import importlib.util
-import pathlib
-import sys
-
 import numpy as np
 import pytest
 import tensorflow as tf
 import tf_keras
 
+from benchmarks.losses.toy_data import make_labelled_data  # the benchmark harnesses' labelled toy data
 from ce_retrieval.data.pk_sampler import pk_sample
 from ce_retrieval.losses import LMNNLoss, NCALoss, ProxyAnchorLoss, SoftTripleLoss, relevance_from_ids
 from ce_retrieval.modeling.mahalanobis import MahalanobisProjection, PairwiseNegativeSquaredDistance
 from ce_retrieval.modeling.proxies import ProxySimilarity, SoftTripleCenterRegularizer, fixed_centroids, proxy_relevance
-
-
-def _load_toy_data():
-    """``benchmarks/toy_data.py``, the labelled toy data of the benchmark harnesses (not part of the library)."""
-    path = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "toy_data.py"
-    spec = importlib.util.spec_from_file_location("bench_toy_data", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
-
-
-make_labelled_data = _load_toy_data().make_labelled_data
 
 
 def test_proxy_similarity_is_cosine_and_float32_under_mixed_precision(rng):

@@ -11,6 +11,7 @@ import tensorflow as tf
 import tf_keras
 
 import ce_retrieval  # noqa: F401
+from benchmarks.common.galleries import clustered
 
 
 class HashTextEncoder(tf_keras.Model):
@@ -69,11 +70,9 @@ def captions(n, seed=0):
 
 
 def clustered_unit_vectors(n, dim, num_clusters=40, spread=0.35, seed=0):
-    """Unit vectors around random cluster centres (like embeddings of a gallery of related images)."""
-    rng = np.random.default_rng(seed)
-    centers = rng.normal(size=(num_clusters, dim))
-    x = centers[rng.integers(0, num_clusters, n)] / np.sqrt(dim) + spread * rng.normal(size=(n, dim)) / np.sqrt(dim)
-    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+    """Unit vectors around random cluster centres (like embeddings of a gallery of related images): the benchmarks'
+    generator, one random stream, scaled by sqrt(dim), float64 draws."""
+    return clustered(n, dim, num_clusters, seed, spread=spread, draws="shared", scaled=True, float64=True)
 
 
 GALLERY_SIZE = 300

@@ -1,16 +1,11 @@
-"""The HTTP service against the malformed-request corpus of ``benchmarks/bad_requests.py`` (issue #15): every
+"""The HTTP service against the malformed-request corpus of ``benchmarks.serving.bad_requests`` (issue #15): every
 request gets a 4xx with a reason, no 5xx, no hang, and the service still answers a valid search afterwards."""
-
-import pathlib
-import sys
 
 import httpx
 import pytest
 
+from benchmarks.serving import bad_requests
 from ce_retrieval.serving.service import create_app, serve_in_thread
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
-import bad_requests  # noqa: E402
 
 
 @pytest.fixture(scope="module")

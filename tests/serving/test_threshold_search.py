@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from serving_fixtures import clustered_unit_vectors
 
+from benchmarks.common.galleries import clustered
 from ce_retrieval.serving import layout
 from ce_retrieval.serving import threshold_search as ts
 from ce_retrieval.serving.gallery import GalleryIndex
@@ -350,11 +351,8 @@ def test_manifests_without_expansion_keep_their_measured_search():
 # ------------------------------------------------------------------------------------------ issue #32: promises
 def cluster_draws(n, dim, num_clusters, seed, stream, noise=1.0):
     """Unit vectors around ``num_clusters`` centres fixed by ``seed``; ``stream`` draws other samples of the same
-    clusters (held-out queries), another ``seed`` other clusters."""
-    centres = np.random.default_rng(seed).normal(size=(num_clusters, dim))
-    rng = np.random.default_rng([seed, stream])
-    x = centres[rng.integers(0, num_clusters, n)] + noise * rng.normal(size=(n, dim))
-    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+    clusters (held-out queries), another ``seed`` other clusters (the benchmarks' generator, float64 draws)."""
+    return clustered(n, dim, num_clusters, seed, spread=noise, start=stream, float64=True)
 
 
 QUERY_SETS = {  # 20,000 items of 40 clusters (d = 64): new draws, noisier draws, draws of 40 other clusters

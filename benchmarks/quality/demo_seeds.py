@@ -1,0 +1,175 @@
+"""The main job over several seeds: the range (min–max per headline figure) the README states and the package ships.
+
+    python benchmarks/demo_seeds.py --seeds 0 1 2 --workdir runs/demo_seeds --out benchmarks/results/demo_seeds \
+        --package
+
+Runs ``ce-retrieval demo --params_override train.seed=S`` once per seed, each in its own process and workdir
+(``<workdir>/seed<S>``; a finished training is reused, as the demo does), reads the ``record.json`` each run writes
+(``ce_retrieval/cli/demo_record.py``), and writes ``<out>.json`` (every seed's record and the range) and ``<out>.md``
+(the range table, machine, load, dates). ``--package`` also writes the range to
+``ce_retrieval/cli/demo_range.json``, which every demo run compares its own figures with. ``--no_run`` only collects
+records already on disk. The figures do not depend on the load; the seconds do (the load is recorded beside them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+from benchmarks import ROOT
+from ce_retrieval.cli.demo_record import FIGURES, RANGE_FILE, fmt
+
+
+def run_seed(seed: int, workdir: pathlib.Path, extra: list[str]) -> dict:
+    """One demo run (its own process; output in ``demo.log``) and the record it wrote."""
+    out = workdir / f"seed{seed}"
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "ce_retrieval.cli", "demo", "--workdir", str(out)]
+    cmd += ["--params_override", f"train.seed={seed}", *extra]
+    load = os.getloadavg()
+    start = time.perf_counter()
+    with open(out / "demo.log", "w") as log:
+        code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, check=False).returncode
+    if code != 0:
+        raise SystemExit(f"demo with seed {seed} failed (exit {code}); see {out / 'demo.log'}")
+    print(f"seed {seed}: {time.perf_counter() - start:.0f} s, load average before {load[0]:.2f}", flush=True)
+    return read_record(out)
+
+
+def read_record(seed_dir: pathlib.Path) -> dict:
+    """The run's ``record.json``, plus each model's last-epoch training figures from its ``train_summary.json``
+    (how far training got is what separates the seeds)."""
+    path = seed_dir / "record.json"
+    if not path.exists():
+        raise SystemExit(f"{path} does not exist: run the demo there first (without --no_run)")
+    record = json.loads(path.read_text())
+    record["training"] = {}
+    for model_dir in (seed_dir / "model", seed_dir / "baseline" / "model", *sorted(seed_dir.glob("baseline_*/model"))):
+        summary = model_dir / "train_summary.json"
+        if summary.exists():
+            s = json.loads(summary.read_text())
+            history = s["history"] if isinstance(s["history"], dict) else ast.literal_eval(s["history"])
+            record["training"][s["loss"]] = {
+                k: history[k][-1] for k in ("loss", "in_batch_recall_at_1") if k in history
+            }
+    return record
+
+
+def value_range(records: list[dict]) -> dict:
+    """``{run: {figure: [min, max]}}`` over the records (``None`` where no seed has a value); ``missing`` counts
+    the seeds without one (e.g. no threshold reaches precision 0.5)."""
+    runs = {}
+    for name in records[0]["runs"]:
+        ranges = {}
+        for key in FIGURES:
+            values = [r["runs"][name].get(key) for r in records if name in r["runs"]]
+            present = [v for v in values if v is not None]
+            ranges[key] = [min(present), max(present)] if present else [None, None]
+            if len(present) < len(values):
+                ranges.setdefault("missing", {})[key] = len(values) - len(present)
+        runs[name] = ranges
+    return runs
+
+
+def summary(records: list[dict]) -> dict:
+    first = records[0]
+    return {
+        "kind": "ce_retrieval demo range over seeds",
+        "seeds": [r["seed"] for r in records],
+        "date": min(r["date"] for r in records),
+        "config": first["config"],
+        "steps": first["steps"],
+        "batch_size": first["batch_size"],
+        "git_commit": first["git_commit"],
+        "machine": first["machine"],
+        "runs": value_range(records),
+    }
+
+
+def markdown(rng: dict, records: list[dict], command: str) -> str:
+    names = list(rng["runs"])
+    m = rng["machine"]
+    lines = [
+        "# The main job over seeds (`ce-retrieval demo`)",
+        "",
+        f"    {command}",
+        "",
+        f"Seeds {rng['seeds']} of `train.seed` (model initialisation and batch order; the data seed stays "
+        f"{records[0]['data_seed']}), {rng['steps']} steps at batch {rng['batch_size']}, config {rng['config']}, "
+        f"commit {rng['git_commit']}. Machine: {m.get('cpu')}, {m.get('cpu_count')} cores, flags "
+        f"{' '.join(m.get('cpu_flags', []))}, TensorFlow {m.get('tensorflow')}, {m.get('gpus')} GPU.",
+        "",
+        "| seed | date (UTC) | seconds of this invocation | load average at its end (1, 5, 15 min) |",
+        "|---:|---|---:|---|",
+    ]
+    lines += [f"| {r['seed']} | {r['date']} | {r['seconds']} | {r['load_average_1_5_15']} |" for r in records]
+    lines += [
+        "",
+        "A seed whose workdir already held its trained models only re-ran evaluation, export, index and queries, so "
+        "its seconds are not a training time. The figures do not depend on the load.",
+    ]
+    lines += ["", "Range over the seeds (min – max; test split):", ""]
+    lines += ["| figure | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+    for key, (label, unit) in FIGURES.items():
+        cells = []
+        for n in names:
+            lo, hi = rng["runs"][n][key]
+            missing = rng["runs"][n].get("missing", {}).get(key)
+            cell = f"{fmt(lo, unit)} – {fmt(hi, unit)}" if lo is not None else "none"
+            cells.append(cell + (f" ({missing} seed(s) without one)" if missing and lo is not None else ""))
+        lines.append(f"| {label.strip()}{' (%)' if unit == '%' else ''} | " + " | ".join(cells) + " |")
+    if all(r.get("training") for r in records):
+        lines += ["", "Training, last epoch (from each model's train_summary.json): loss / in-batch R@1", ""]
+        lines += ["| seed | " + " | ".join(names) + " |", "|---:|" + "---:|" * len(names)]
+        for r in records:
+            cells = [
+                f"{r['training'][n]['loss']:.2f} / {r['training'][n]['in_batch_recall_at_1']:.2f}"
+                if n in r["training"]
+                else "-"
+                for n in names
+            ]
+            lines.append(f"| {r['seed']} | " + " | ".join(cells) + " |")
+    lines += ["", "Per seed:", ""]
+    lines += ["| figure | " + " | ".join(f"{n} seed {r['seed']}" for n in names for r in records) + " |"]
+    lines += ["|---|" + "---:|" * (len(names) * len(records))]
+    for key, (label, unit) in FIGURES.items():
+        cells = [fmt(r["runs"][n].get(key), unit) for n in names for r in records]
+        lines.append(f"| {label.strip()} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--workdir", default="runs/demo_seeds")
+    parser.add_argument("--out", default="benchmarks/results/demo_seeds", help="writes OUT.json and OUT.md")
+    parser.add_argument("--package", action="store_true", help=f"also write the range to {RANGE_FILE}")
+    parser.add_argument("--no_run", action="store_true", help="collect the records already under --workdir")
+    parser.add_argument("demo_args", nargs="*", help="after --: more arguments for `ce-retrieval demo`")
+    args = parser.parse_args(argv)
+    workdir = pathlib.Path(args.workdir).resolve()
+    if args.no_run:
+        records = [read_record(workdir / f"seed{s}") for s in args.seeds]
+    else:
+        records = [run_seed(s, workdir, args.demo_args) for s in args.seeds]
+    rng = summary(records)
+    command = "python benchmarks/demo_seeds.py --seeds " + " ".join(map(str, args.seeds)) + " --package"
+    out = pathlib.Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps({"range": rng, "records": records}, indent=2) + "\n")
+    out.with_suffix(".md").write_text(markdown(rng, records, command))
+    print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.md')}")
+    if args.package:
+        pathlib.Path(RANGE_FILE).write_text(json.dumps(rng, indent=2) + "\n")
+        print(f"wrote {RANGE_FILE}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
