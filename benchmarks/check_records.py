@@ -1,6 +1,6 @@
 """Every figure of BENCHMARKS.md's summary against the record it comes from.
 
-    python benchmarks/check_records.py [--root .]
+    python -m benchmarks.check_records [--root .]
 
 Reads the ``## Summary`` table of ``BENCHMARKS.md`` and reports (exit status 1) where
 
@@ -30,6 +30,8 @@ import pathlib
 import re
 import sys
 
+from benchmarks import ROOT
+
 RESULTS = "benchmarks/results/"
 DEMO_RECORD = "benchmarks/results/demo_seeds.md"
 NUMBER = re.compile(r"(?<![\w.])(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?(?:[eE][-−+]?\d+)?)")
@@ -37,7 +39,7 @@ LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 DATE = re.compile(r"\b20\d{2}-\d{2}-\d{2}(?!\d)")
 HISTORY = re.compile(r"(?=.*\bhistory\b)(?=.*\b\d{4}-\d{2}-\d{2}\b)", re.IGNORECASE)
 MODULE_PATH = re.compile(r"\b((?:ce_retrieval|benchmarks|tests|scripts)/[\w/.\-]*\.(?:py|sh|yaml))\b")
-MODULE_DOTTED = re.compile(r"(?<![\w./])(ce_retrieval(?:\.[A-Za-z_]\w*)+)")
+MODULE_DOTTED = re.compile(r"(?<![\w./])((?:ce_retrieval|benchmarks)(?:\.[A-Za-z_]\w*)+)")
 
 
 @dataclasses.dataclass
@@ -151,8 +153,8 @@ def _check_modules(path: pathlib.Path, root: pathlib.Path) -> list[str]:
             problems.append(f"{path.relative_to(root)}: names '{name}', which does not exist")
     for dotted in sorted(set(MODULE_DOTTED.findall(text))):
         parts = dotted.split(".")
-        # ce_retrieval.a.b.Name: the longest prefix that is a package or module must cover all but one trailing
-        # attribute (a class or function of that module), and at least the sub-package after ce_retrieval
+        # ce_retrieval.a.b.Name (or benchmarks.a.b): the longest prefix that is a package or module must cover all
+        # but one trailing attribute (a class or function of that module), and at least the sub-package after the root
         found = 0
         for k in range(len(parts), 0, -1):
             p = root.joinpath(*parts[:k])
@@ -262,7 +264,7 @@ def check(root: pathlib.Path) -> list[str]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--root", default=str(pathlib.Path(__file__).resolve().parents[1]))
+    parser.add_argument("--root", default=str(ROOT))
     args = parser.parse_args(argv)
     problems = check(pathlib.Path(args.root))
     for p in problems:

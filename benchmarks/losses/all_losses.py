@@ -16,8 +16,8 @@ Every loss of ``ce_retrieval.losses.available()`` is included, so losses added l
 automatically. Constructor arguments and size limits come from ``LOSS_SETTINGS`` below or from a class
 attribute ``benchmark_settings = {"kwargs": {...}, "max_n": int, "reason": str}``.
 
-    python benchmarks/losses.py --sizes 512 2048 8192 --modes eager function xla
-    python benchmarks/losses.py --losses CrossExampleNegativeMining StochasticNegativeMining --sizes 8192
+    python -m benchmarks.losses.all_losses --sizes 512 2048 8192 --modes eager function xla
+    python -m benchmarks.losses.all_losses --losses CrossExampleNegativeMining StochasticNegativeMining --sizes 8192
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ learned metric that discounts the nuisance directions is good.
 
 Formerly ``ce-retrieval dml-compare`` (same flags and output):
 
-    python benchmarks/dml_comparison.py --losses ProxyNCALoss NCALoss --steps 300
+    python -m benchmarks.losses.dml_comparison --losses ProxyNCALoss NCALoss --steps 300
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Forward + backward cost of each pair/triplet loss at N = 2048, as a ratio to an in-batch sampled softmax
 computed the same way in the same process (the target: <= 3x, triplet 'all' excepted).
 
-    .venv/bin/python benchmarks/dml_pairs_check.py [--n 2048] [--dim 128] [--per-class 2]
+    .venv/bin/python -m benchmarks.losses.dml_pairs_check [--n 2048] [--dim 128] [--per-class 2]
         [--repeats 7] [--xla] [--only Triplet]
 
 Each loss gets a ``tf.function`` (optionally ``jit_compile``) computing ``d loss / d S`` for a fixed

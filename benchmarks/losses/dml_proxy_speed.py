@@ -1,7 +1,7 @@
 """Forward + backward cost of the proxy / NCA / LMNN / centroid losses at N = 2048, as a ratio to
 SampledSoftmax (paper eq. 2) on the in-batch [N, N] matrix, measured in the same process.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/dml_proxy_speed.py [--n 2048] [--dim 128] [--classes 512]
+    .venv/bin/python -m benchmarks.losses.dml_proxy_speed [--n 2048] [--dim 128] [--classes 512]
         [--repeats 7] [--xla]
 
 Each loss is timed as one tf.function computing the loss from embeddings (and proxies) and the gradients

@@ -11,7 +11,7 @@ and, separately, with respect to S alone (the objective only).
 Training: every one of the 15 (triplet weight, pair weight) combinations fitted for a few steps on a tiny two-
 tower model with ``model.fit(jit_compile=True)``, in float32 and in mixed_float16; reports the logged value.
 
-    .venv/bin/python benchmarks/goal_check.py [--n 2048] [--repeats 7] [--skip-train]
+    .venv/bin/python -m benchmarks.losses.goal_check [--n 2048] [--repeats 7] [--skip-train]
 """
 
 import argparse

@@ -11,8 +11,8 @@ Trains the embedding with each chosen loss and prints recall@1 before and after,
 in seconds on CPU (formerly ``ce-retrieval losses``; same flags and output). The behaviour tests
 (``tests/benchmarks/test_toy_losses.py``: training improves recall@1) use :func:`train_and_evaluate`.
 
-    python benchmarks/toy_losses.py --loss SampledSoftmax CrossExampleSoftmax --steps 200 --seed 0
-    python benchmarks/toy_losses.py --list
+    python -m benchmarks.losses.toy_losses --loss SampledSoftmax CrossExampleSoftmax --steps 200 --seed 0
+    python -m benchmarks.losses.toy_losses --list
 """
 
 from __future__ import annotations

@@ -23,12 +23,12 @@ test embeddings (for ``--analyse``); ``--results`` (default ``benchmarks/results
 its p-value) and ``<family>.png``; with ``--analyse`` also ``analysis.md`` / ``analysis.json`` / ``analysis_*.png``
 (``calibration_analysis.py``: why CE loses text->image R@1 where it does).
 
-    python benchmarks/calibration_suite.py                       # default plan: 14.3 min on 2 idle cores (<= 45)
-    python benchmarks/calibration_suite.py --plan full           # both regimes on every family (~27 min)
-    python benchmarks/calibration_suite.py --regimes heads       # the converged regime only (cheap)
-    python benchmarks/calibration_suite.py --quick --out /tmp/cs --results /tmp/cs/results   # smoke (< 1 min)
-    python benchmarks/calibration_suite.py --analyse             # part 3's evidence from the runs on disk
-    python benchmarks/calibration_suite.py --promise_distractors 50000   # + what guarantee_coverage.py reads
+    python -m benchmarks.quality.calibration_suite                       # default plan: 14.3 min, 2 idle cores (<= 45)
+    python -m benchmarks.quality.calibration_suite --plan full           # both regimes on every family (~27 min)
+    python -m benchmarks.quality.calibration_suite --regimes heads       # the converged regime only (cheap)
+    python -m benchmarks.quality.calibration_suite --quick --out /tmp/cs --results /tmp/cs/results   # smoke (< 1 min)
+    python -m benchmarks.quality.calibration_suite --analyse             # part 3's evidence from the runs on disk
+    python -m benchmarks.quality.calibration_suite --promise_distractors 50000   # + what guarantee_coverage.py reads
 """
 
 from __future__ import annotations

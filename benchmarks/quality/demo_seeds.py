@@ -1,7 +1,7 @@
 """The main job over several seeds: the range (min–max per headline figure) the README states and the package ships.
 
-    python benchmarks/demo_seeds.py --seeds 0 1 2 --workdir runs/demo_seeds --out benchmarks/results/demo_seeds \
-        --package
+    python -m benchmarks.quality.demo_seeds --seeds 0 1 2 --workdir runs/demo_seeds \
+        --out benchmarks/results/demo_seeds --package
 
 Runs ``ce-retrieval demo --params_override train.seed=S`` once per seed, each in its own process and workdir
 (``<workdir>/seed<S>``; a finished training is reused, as the demo does), reads the ``record.json`` each run writes
@@ -159,7 +159,7 @@ def main(argv=None) -> int:
     else:
         records = [run_seed(s, workdir, args.demo_args) for s in args.seeds]
     rng = summary(records)
-    command = "python benchmarks/demo_seeds.py --seeds " + " ".join(map(str, args.seeds)) + " --package"
+    command = "python -m benchmarks.quality.demo_seeds --seeds " + " ".join(map(str, args.seeds)) + " --package"
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps({"range": rng, "records": records}, indent=2) + "\n")

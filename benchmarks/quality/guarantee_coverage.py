@@ -17,8 +17,8 @@ the share refused, and the recall the guarantee leaves against the point estimat
 with the point estimate's own kept share beside. Runs of every objective are pooled (each is a model a user might
 serve); the objectives' recall at guaranteed precision is in the suite's own table.
 
-    python benchmarks/calibration_suite.py --promise_distractors 50000    # the runs (saves what this reads)
-    python benchmarks/guarantee_coverage.py                               # the record
+    python -m benchmarks.quality.calibration_suite --promise_distractors 50000    # the runs (saves what this reads)
+    python -m benchmarks.quality.guarantee_coverage                               # the record
 """
 
 from __future__ import annotations
@@ -287,7 +287,8 @@ def main(argv=None) -> int:
     sampler.stop.set()
     groups = aggregate(rows, args.delta)
     record = {
-        "command": "python benchmarks/guarantee_coverage.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m benchmarks.quality.guarantee_coverage "
+        + " ".join(argv if argv is not None else sys.argv[1:]),
         "runs_dir": args.runs,
         "num_runs": runs,
         "regimes": sorted(regimes),

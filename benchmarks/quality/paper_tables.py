@@ -14,9 +14,9 @@ differences with p-values, the sweeps), ``curves.png`` (PR-AUC and R@1 against s
 ``separation.png`` (evidence: promised vs achieved precision; pooled score distributions of SS and CE), and
 ``summary.json``.
 
-    python benchmarks/paper_tables.py                          # the whole benchmark (about 30 min on 2 cores)
-    python benchmarks/paper_tables.py --smoke --out /tmp/pt    # a tiny run of every stage (seconds; in the tests)
-    python benchmarks/paper_tables.py --full                   # the whole two-tower model at the paper's settings (GPU)
+    python -m benchmarks.quality.paper_tables                        # the whole benchmark (about 30 min on 2 cores)
+    python -m benchmarks.quality.paper_tables --smoke --out /tmp/pt  # a tiny run of every stage (seconds; in the tests)
+    python -m benchmarks.quality.paper_tables --full                 # the whole two-tower model, paper settings (GPU)
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ project's trainer: both towers, two optimizers, distributed gather), global batc
 evaluated on the test split with thresholds calibrated on validation and 1,000 distractors. On 2 CPU cores a run
 takes hours (BENCHMARKS.md gives the regime that converges there); on a GPU minutes.
 
-    python benchmarks/paper_tables.py --full --seeds 5 --steps 5000 --out runs/paper_tables_full
+    python -m benchmarks.quality.paper_tables --full --seeds 5 --steps 5000 --out runs/paper_tables_full
 """
 
 from __future__ import annotations

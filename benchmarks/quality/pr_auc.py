@@ -1,7 +1,7 @@
 """Benchmark: streamed exact global PR-AUC (``ce_retrieval.evaluation.global_pr_auc``) against scikit-learn on
 the flattened pairs and against a plain streamed NumPy version (searchsorted of every negative), same process.
 
-    python benchmarks/pr_auc.py [--n 12559] [--dim 128] [--sklearn_n 4000]
+    python -m benchmarks.quality.pr_auc [--n 12559] [--dim 128] [--sklearn_n 4000]
 
 Embeddings are synthetic: documents are random unit vectors, each query its document plus noise (``--noise``),
 so positives score higher than most negatives as after training. scikit-learn materialises all pairs, so it runs

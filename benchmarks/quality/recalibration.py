@@ -17,9 +17,9 @@ the pooled precision of "score >= threshold" over them against the gallery must 
 1 - delta, up to the held-out set's own sampling noise), the share of draws certifying each level, and the
 precision and recall served; the point estimate fitted on the same labels beside it (no guarantee).
 
-    python benchmarks/recalibration.py                 # shapes -> vague, 50 draws per size: 3.1 min on 2 cores
-    python benchmarks/recalibration.py --train_family vague --served_family shapes          # the other way
-    python benchmarks/recalibration.py --quick --out /tmp/rc --results /tmp/rc/results   # smoke (< 1 min)
+    python -m benchmarks.quality.recalibration                 # shapes -> vague, 50 draws per size: 3.1 min on 2 cores
+    python -m benchmarks.quality.recalibration --train_family vague --served_family shapes          # the other way
+    python -m benchmarks.quality.recalibration --quick --out /tmp/rc --results /tmp/rc/results   # smoke (< 1 min)
 
 Records: ``benchmarks/results/recalibration_<train>_to_<served>.{json,md}``.
 """

@@ -1,14 +1,14 @@
 """Recipe candidates in the calibration suite's heads regime (frozen features + trained heads), paired with SS and
 CE over seeds on every family (issue 21, part 3).
 
-    nice python benchmarks/recipe_heads.py --cache runs/suite_cache --out runs/recipe_heads \
+    nice python -m benchmarks.quality.recipe_heads --cache runs/suite_cache --out runs/recipe_heads \
         --recipe 'Mix0.5={"loss": "MixedSoftmax", "kwargs": {"cross_weight": 0.5}}' --seeds 3
 
 Runs :func:`benchmarks.calibration_suite.run_plan` (heads regime only) once per recipe, each in its own
 ``<out>/<label>`` with the families and features linked from ``--cache`` (a suite ``--out`` folder: feature
 pretraining is not repeated when its key matches). ``--image_epochs/--caption_epochs`` give the feature
 pretraining those passes (13 and 3 match the suite branch's cache). SS and CE are trained in the first recipe's
-folder only. Prints per family and seed PR-AUC and t→i R@1; ``benchmarks/recipe_report.py`` writes the record.
+folder only. Prints per family and seed PR-AUC and t→i R@1; ``benchmarks/quality/recipe_report.py`` writes the record.
 """
 
 from __future__ import annotations

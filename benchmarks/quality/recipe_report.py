@@ -2,11 +2,11 @@
 heads regime on every family, and whether each meets the bar (PR-AUC >= SS and t->i R@1 >= SS - 0.5 points on
 every family and regime, paired over seeds).
 
-    python benchmarks/recipe_report.py --demo runs/recipe_demo.json --heads runs/recipe_heads \
+    python -m benchmarks.quality.recipe_report --demo runs/recipe_demo.json --heads runs/recipe_heads \
         --out benchmarks/results/recipe
 
-``--demo``: the JSON of ``benchmarks/recipe_seeds.py``; ``--heads``: the ``--out`` folder of
-``benchmarks/recipe_heads.py`` (one suite folder per recipe; SS and CE in the first). Writes ``<out>.json`` and
+``--demo``: the JSON of ``benchmarks/quality/recipe_seeds.py``; ``--heads``: the ``--out`` folder of
+``benchmarks/quality/recipe_heads.py`` (one suite folder per recipe; SS and CE in the first). Writes ``<out>.json`` and
 ``<out>.md``.
 """
 
@@ -79,7 +79,8 @@ def main(argv=None) -> int:
     heads = heads_runs(args.heads)
     table = {"demo (scratch, 500 steps)": demo_runs, **{f"heads / {f}": r for f, r in sorted(heads.items())}}
     record = {
-        "command": f"python benchmarks/recipe_report.py --demo {args.demo} --heads {args.heads} --out {args.out}"
+        "command": "python -m benchmarks.quality.recipe_report"
+        + f" --demo {args.demo} --heads {args.heads} --out {args.out}"
         + " --note ..." * len(args.note),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",

@@ -1,12 +1,12 @@
 """Candidate recipes against Sampled Softmax on the demo config, paired over train seeds (issue 21, part 3).
 
-    nice python benchmarks/recipe_seeds.py --seeds 0 1 2 3 4 --workers 2 \
+    nice python -m benchmarks.quality.recipe_seeds --seeds 0 1 2 3 4 --workers 2 \
         --candidate "CE-bidir=loss.bidirectional=true" --baseline_dir /tmp/r24 --out benchmarks/results/recipe_demo
 
 Each candidate is ``name=override[,override...]`` (``--params_override`` of ``ce-retrieval train`` on config
 synthetic_demo, plus ``train.seed=S``). Every (candidate, seed) trains in its own process
 (``<workdir>/<name>/seed<S>``, reused when its ``eval/eval_test.json`` exists), then ``ce-retrieval evaluate
---split test --no_plots`` (no distractors). The baseline is read from a ``benchmarks/demo_seeds.py`` workdir
+--split test --no_plots`` (no distractors). The baseline is read from a ``benchmarks/quality/demo_seeds.py`` workdir
 (``<baseline_dir>/seed<S>/eval/{,baseline/}eval_test.json``: CE and SS of the same seed, same machine) or
 trained here when ``--baseline_dir`` is not given. Writes ``<out>.json`` (every run's test summary and training
 curve) and ``<out>.md`` (paired differences to SS and the bar: PR-AUC >= SS and t->i R@1 >= SS - 0.5 points).
@@ -99,7 +99,7 @@ def main(argv=None) -> int:
                     "curve": curve(d / mdir),
                 }
     record = {
-        "command": "python benchmarks/recipe_seeds.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "python -m benchmarks.quality.recipe_seeds " + " ".join(sys.argv[1:] if argv is None else argv),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
         "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],

@@ -6,7 +6,7 @@ stand-in two-tower model (hashed bag-of-words text tower, 3-layer CNN image towe
 softmax, against the same model untrained, in the same process. A set that is learnable but far from solved
 at this scale leaves room for losses to differ.
 
-    .venv/bin/python benchmarks/synthetic_data.py --steps 400
+    .venv/bin/python -m benchmarks.quality.synthetic_data --steps 400
 """
 
 from __future__ import annotations

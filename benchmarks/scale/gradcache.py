@@ -7,8 +7,8 @@ images, d = 128) trains on random captions and JPEGs. Each configuration runs in
 memory budget) and the per-example time ratio cached / plain. A plain run the machine cannot hold (killed, OOM)
 counts as not fitting.
 
-    .venv/bin/python benchmarks/gradcache.py --batch 4096 --chunk 256 --plain_batches 256,512,1024,2048,4096
-    .venv/bin/python benchmarks/gradcache.py --batch 256 --chunk 64 --plain_batches 64,256 --steps 2  # smoke run
+    .venv/bin/python -m benchmarks.scale.gradcache --batch 4096 --chunk 256 --plain_batches 256,512,1024,2048,4096
+    .venv/bin/python -m benchmarks.scale.gradcache --batch 256 --chunk 64 --plain_batches 64,256 --steps 2  # smoke run
 
 Measure alone on the machine (RSS and timings are shared-machine sensitive); one step's wall time on CPU.
 """

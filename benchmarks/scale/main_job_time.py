@@ -5,8 +5,8 @@ comes along), runs there first ``scripts/env.sh`` (the environment ``main.sh`` s
 main-job command, which finds the environment ready, and records both wall times, the demo's own seconds from the
 ``record.json`` it writes, the machine, the load average around the run and the date.
 
-    python benchmarks/main_job_time.py                       # writes benchmarks/results/main_job_time.{json,md}
-    python benchmarks/main_job_time.py --keep /tmp/fresh     # keep the clone (its runs/demo) afterwards
+    python -m benchmarks.scale.main_job_time                       # writes benchmarks/results/main_job_time.{json,md}
+    python -m benchmarks.scale.main_job_time --keep /tmp/fresh     # keep the clone (its runs/demo) afterwards
 
 Measure alone on the machine: the figure is a wall time.
 """
@@ -90,7 +90,7 @@ def main(argv=None) -> int:
         if not args.keep:
             shutil.rmtree(clone, ignore_errors=True)
     doc.update(
-        command="python benchmarks/main_job_time.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        command="python -m benchmarks.scale.main_job_time " + " ".join(argv if argv is not None else sys.argv[1:]),
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         machine={"cpu": cpu_name(), "cores": os.cpu_count(), "platform": platform.platform()},
         load_before=load_before,

@@ -16,8 +16,8 @@ loss work, ``sharded`` about 1 x. Per replica (on R real devices) that is L-work
 of ``--repeats`` steps after one warm-up (tracing), cases timed in interleaved rounds. Measure with nothing else
 running; on a loaded machine compare same-run ratios only. Prints a Markdown table; writes nothing.
 
-    python benchmarks/sharded.py                                  # CE, N = 4096, d = 128, R in 1, 2, 4
-    python benchmarks/sharded.py --size 256 --repeats 1           # smoke test
+    python -m benchmarks.scale.sharded                                  # CE, N = 4096, d = 128, R in 1, 2, 4
+    python -m benchmarks.scale.sharded --size 256 --repeats 1           # smoke test
 """
 
 from __future__ import annotations

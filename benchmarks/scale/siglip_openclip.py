@@ -37,8 +37,8 @@ subprocess compares ours with the torch methods at ``--check-size`` on the same 
 gradients; and OpenCLIP's class with the re-implementation when both are there). Measure with nothing else
 running.
 
-    python benchmarks/siglip_openclip.py                           # N = 16384, 32768, 65536 (the table)
-    python benchmarks/siglip_openclip.py --sizes 1024 --out /tmp   # smoke test (1 min)
+    python -m benchmarks.scale.siglip_openclip                           # N = 16384, 32768, 65536 (the table)
+    python -m benchmarks.scale.siglip_openclip --sizes 1024 --out /tmp   # smoke test (1 min)
 
 Writes ``<out>/siglip_openclip.json`` and ``.md``: the command, the machine (CPU model, cores), the load average
 before and after each case, the date, the implementation of OpenCLIP that ran, and one row per case.
@@ -502,7 +502,7 @@ def main(argv=None) -> int:
         print("RESULT " + json.dumps(answer), flush=True)
         return 0
 
-    command = "python benchmarks/siglip_openclip.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python -m benchmarks.scale.siglip_openclip " + " ".join(sys.argv[1:] if argv is None else argv)
     cases = plan(args)
     print(f"# estimated {estimate_minutes(cases, args.budget_gib):.1f} min on 2 idle cores", flush=True)
     started, loads = time.perf_counter(), [os.getloadavg()[0]]

@@ -6,15 +6,15 @@ both embedding matrices. ``dense``: ``loss(R, Q Dᵀ)`` with ``R`` built from th
 ``[N, N]`` matrices); ``tiled``: ``loss.from_embeddings(Q, D, ids, ids)`` with ``tile_size`` set (``tiled.py``:
 column tiles, no ``[N, N]`` matrix). Modes: ``function`` (``tf.function``) and ``xla`` (``jit_compile=True``).
 
-Conventions of ``benchmarks/losses.py``: time is the median of ``--repeats`` steps after one warm-up (which also
-compiles), the cases of one (mode, N) timed in interleaved rounds so that load drift hits all alike; with
+Conventions of ``benchmarks/losses/all_losses.py``: time is the median of ``--repeats`` steps after one warm-up (which
+also compiles), the cases of one (mode, N) timed in interleaved rounds so that load drift hits all alike; with
 ``--memory`` each case also runs twice in a fresh subprocess reporting its peak RSS (``ru_maxrss``) above the RSS
 just before the first step (inputs built): the memory the step needs, including the compiled program. The dense
 path is skipped where its estimated peak (``DENSE_MATRICES`` float32 ``[N, N]`` matrices) exceeds
 ``--dense-budget-gib``. Measure with nothing else running; on a loaded machine compare same-run ratios only.
 
-    python benchmarks/tiled.py --memory                       # the issue's table, N = 4096 ... 65536
-    python benchmarks/tiled.py --sizes 8192 --tile-sizes 256 512 1024 2048 --modes xla   # tile-size tuning
+    python -m benchmarks.scale.tiled --memory                       # the issue's table, N = 4096 ... 65536
+    python -m benchmarks.scale.tiled --sizes 8192 --tile-sizes 256 512 1024 2048 --modes xla   # tile-size tuning
 """
 
 from __future__ import annotations

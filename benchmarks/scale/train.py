@@ -6,8 +6,8 @@ Measures, in one process and on the same batch:
     backward with a trivial head), and in gather + similarity + loss (forward + backward on fixed embeddings).
 Configurations: ``tiny`` (ModelConfig.tiny) and ``paper`` (BERT-base + ResNet-50, 224x224, d = 128).
 
-    .venv/bin/python benchmarks/train.py --config tiny --batch 32 --steps 10
-    .venv/bin/python benchmarks/train.py --config paper --batch 32 --steps 3
+    .venv/bin/python -m benchmarks.scale.train --config tiny --batch 32 --steps 10
+    .venv/bin/python -m benchmarks.scale.train --config paper --batch 32 --steps 3
 
 Numbers are wall-clock medians; compare ratios within one run (the CPU may be shared).
 """

@@ -22,8 +22,8 @@ Configurations (``--runs``, default ``a,b,c``):
   per replica);
 * ``d`` reference: global batch ``--baseline_batch``, dense loss, plain step (no gradient cache).
 
-    python benchmarks/train_scale.py        # a, b, c at full size, alone on the machine: ~12 min (estimate printed)
-    python benchmarks/train_scale.py --runs a,b,c --baseline_batch 256 --large_batch 512 --replica_batch 128 \\
+    python -m benchmarks.scale.train_scale        # a, b, c at full size, alone on the machine: ~12 min (estimated)
+    python -m benchmarks.scale.train_scale --runs a,b,c --baseline_batch 256 --large_batch 512 --replica_batch 128 \\
         --replicas 2 --tile 64 --chunk 64 --large_chunk 128 --replica_chunk 32 --out /tmp/ts   # smoke size
 
 Memory: gradient caching bounds the towers' activations to one chunk, but the step decodes and augments the whole
@@ -364,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     record = {
         "benchmark": "train_scale",
-        "command": "python benchmarks/train_scale.py " + " ".join(argv),
+        "command": "python -m benchmarks.scale.train_scale " + " ".join(argv),
         "machine": machine_info(loads),
         "minutes": round((time.perf_counter() - start) / 60, 2),
         "estimate_minutes": round(estimate, 1),

@@ -8,8 +8,8 @@ single-query latency (median / p99 of one-at-a-time calls) and build time. Ratio
 search measured in this run (the figure that matters on a shared, noisy machine). Also: exact threshold search
 with ball partitions vs brute force (fraction of dot products computed, speed-up).
 
-    python benchmarks/ann.py                 # N = 1,000,000 (about 10 minutes on 2 cores)
-    python benchmarks/ann.py --n 200000 --out benchmarks/results/ann_200k.json
+    python -m benchmarks.serving.ann                 # N = 1,000,000 (about 10 minutes on 2 cores)
+    python -m benchmarks.serving.ann --n 200000 --out benchmarks/results/ann_200k.json
 """
 
 import argparse
@@ -246,7 +246,7 @@ def main():
     print("\n".join(report[-3:]))
     info["load_average_1_5_15"] = {"start": load_start, "end": [round(v, 2) for v in os.getloadavg()]}
     info["date"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    info["command"] = "python benchmarks/ann.py " + " ".join(sys.argv[1:])
+    info["command"] = "python -m benchmarks.serving.ann " + " ".join(sys.argv[1:])
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"info": info, "rows": rows}, f, indent=2)

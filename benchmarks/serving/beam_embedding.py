@@ -10,7 +10,7 @@ process (no Beam; model loading and the first, tracing call excluded).
 It needs a real export of the demo model: ``bash scripts/main.sh`` (the main job) writes one to
 ``runs/demo/export`` (or ``ce-retrieval export --model_dir D --export_dir E`` for a trained model). Run it alone:
 
-    python benchmarks/beam_embedding.py --export_dir runs/demo/export --num_images 2000 --workers 1,2
+    python -m benchmarks.serving.beam_embedding --export_dir runs/demo/export --num_images 2000 --workers 1,2
 """
 
 import argparse
@@ -166,7 +166,7 @@ def main():
     load_after = os.getloadavg()
 
     print("\n### Beam gallery embedding (DirectRunner)\n")
-    print(f"command: `python benchmarks/beam_embedding.py {shlex.join(sys.argv[1:])}`  ")
+    print(f"command: `python -m benchmarks.serving.beam_embedding {shlex.join(sys.argv[1:])}`  ")
     print(f"export: `{args.export_dir}` version {args.version} (d = {meta.get('embedding_dim')}), ", end="")
     print(f"N = {args.num_images} synthetic {image_size}x{image_size} PNGs (generated in {generated:.1f} s), ", end="")
     print(f"batch {args.batch_size}, {args.num_shards} shards, {os.cpu_count()} CPUs  ")

@@ -19,12 +19,12 @@ Parts (``--parts``, default all, in this order):
   requests/s and p50/p99 at concurrency 1, 8, 32 for top-k and threshold queries; the same while a new version is
   published every few seconds (0 failed requests); server RSS before/after 10,000 requests; the listening
   address must be 127.0.0.1.
-* ``bad``     the malformed-request corpus of ``benchmarks/bad_requests.py`` against a served export, several
+* ``bad``     the malformed-request corpus of ``benchmarks/serving/bad_requests.py`` against a served export, several
   rounds: every request a 4xx with a reason, the service up afterwards, RSS flat.
 
-    python benchmarks/reliability.py                     # full run (~10 min on 2 cores, nothing else running)
-    python benchmarks/reliability.py --quick             # small and fast (the smoke test uses train,service,bad)
-    python benchmarks/reliability.py --parts service,bad --gallery 100000
+    python -m benchmarks.serving.reliability                     # full run (~10 min on 2 cores, nothing else running)
+    python -m benchmarks.serving.reliability --quick             # small and fast (the smoke test: train,service,bad)
+    python -m benchmarks.serving.reliability --parts service,bad --gallery 100000
 """
 
 from __future__ import annotations
@@ -828,7 +828,7 @@ def bad_on_server(proc: subprocess.Popen, host: str, port: int, rounds: int) -> 
     rec.lines += [
         "### Malformed requests",
         "",
-        f"{len(cases)} malformed requests (`benchmarks/bad_requests.py`), {rounds + 1} rounds against "
+        f"{len(cases)} malformed requests (`benchmarks/serving/bad_requests.py`), {rounds + 1} rounds against "
         f"`ce-retrieval serve` (default host, listening on 127.0.0.1 only): **{len(bad)} answered other than 4xx "
         f"with a reason**; statuses {', '.join(f'{k}: {v}' for k, v in sorted(by_status.items(), key=str))} "
         f"(one round); slowest answer {1e3 * worst.seconds:.0f} ms ({worst.case.name}); "

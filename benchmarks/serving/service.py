@@ -6,7 +6,7 @@ called directly on the ``Searcher`` (no HTTP), so the ratio shows what the HTTP 
 With ``--export_dir`` an existing export is used; by default a throw-away export is made of a small hashed
 bag-of-words text tower (d = 128) and a gallery of generated unit vectors.
 
-    python benchmarks/service.py --gallery 100000 --clients 4 --duration 20
+    python -m benchmarks.serving.service --gallery 100000 --clients 4 --duration 20
 """
 
 import argparse

@@ -15,7 +15,7 @@ included for the sharded build's worker pool):
   on 127.0.0.1, at concurrency 1 and 8, posting one caption with k = 10 for a fixed time;
 * ``leaves``   recall@10 and in-process latency of both at equal work (the same fraction of leaves searched).
 
-    python benchmarks/sharded_index.py --n 10000000 --shards 8 --workers 2 --workdir /tmp/ce_sharded_bench
+    python -m benchmarks.serving.sharded_index --n 10000000 --shards 8 --workers 2 --workdir /tmp/ce_sharded_bench
 
 Prints a markdown record (command, load average, machine) for ``benchmarks/results/``.
 """

@@ -6,7 +6,7 @@
     expansion = EXPANDED_ITEM x members of the expanded leaves,
 
 against an exact search of ``n`` (a scan). This benchmark measures those constants on an index of
-``benchmarks/threshold_search.py``'s hard gallery (the one its ``--keep`` run left in WORKDIR, or one built here
+``benchmarks/serving/threshold_search.py``'s hard gallery (the one its ``--keep`` run left in WORKDIR, or one built here
 the same way), with queries of the gallery's own clusters, for a batch of ``--batch`` queries (a benchmark's) and
 for one query at a time (a service's request):
 
@@ -18,7 +18,7 @@ for one query at a time (a service's request):
 
 and reports them in the code's unit (``units``) beside the constants in the code.
 
-    python benchmarks/threshold_cost_model.py --workdir /tmp/ts        # 1M; reuses threshold_search.py --keep's
+    python -m benchmarks.serving.threshold_cost_model --workdir /tmp/ts        # 1M; reuses threshold_search.py --keep's
 
 Writes ``benchmarks/results/threshold_cost_model.json`` and ``.md`` with the machine and the load.
 """
@@ -166,7 +166,7 @@ def main(argv=None) -> None:
     ap.add_argument("--workdir", default=tempfile.gettempdir(), help="where threshold_search.py --keep left its index")
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args(argv)
-    command = "python benchmarks/threshold_cost_model.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python -m benchmarks.serving.threshold_cost_model " + " ".join(sys.argv[1:] if argv is None else argv)
     load = [ts._loadavg()]
     work = os.path.join(args.workdir, f"threshold_search_{args.n}")
     state = ts.built_state(work, args.n) or ts.build(args.n, work)

@@ -1,7 +1,7 @@
 """Where a threshold query's hits lie, and what the leaf expansion recovers (issue #23).
 
-On the hard clustered gallery of ``benchmarks/threshold_search.py`` (its ``validation`` build) and its query sets
-(new draws of the gallery's own clusters at the stand-in calibrated tau; the same with added noise, and draws of
+On the hard clustered gallery of ``benchmarks/serving/threshold_search.py`` (its ``validation`` build) and its query
+sets (new draws of the gallery's own clusters at the stand-in calibrated tau; the same with added noise, and draws of
 other clusters, each at its own median-100-hits tau), from the exact answers:
 
 * the share of the hits in the query's own cluster;
@@ -11,7 +11,7 @@ other clusters, each at its own median-100-hits tau), from the exact answers:
   top-10 setting's leaves and 2 k re-scored (no expansion): the set recall after scoring every member of the leaves
   holding a found hit, and the items that costs per query.
 
-    python benchmarks/threshold_leaves.py --workdir /tmp/tl      # 1M; builds like threshold_search.py (--keep)
+    python -m benchmarks.serving.threshold_leaves --workdir /tmp/tl      # 1M; builds like threshold_search.py (--keep)
 
 Writes ``benchmarks/results/threshold_leaves.json`` and ``.md`` with the machine and the load.
 """
@@ -89,7 +89,7 @@ def main(argv=None) -> None:
     ap.add_argument("--workdir", default=tempfile.gettempdir(), help="a --keep index of threshold_search.py, reused")
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args(argv)
-    command = "python benchmarks/threshold_leaves.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python -m benchmarks.serving.threshold_leaves " + " ".join(sys.argv[1:] if argv is None else argv)
     load = [ts._loadavg()]
     work = os.path.join(args.workdir, f"threshold_search_{args.n}")
     state = ts.build(args.n, work, ("validation",))  # reuses a kept validation build

@@ -1,6 +1,6 @@
 """Threshold search methods compared in one process on the hard clustered gallery (issue #23).
 
-Same gallery as ``benchmarks/threshold_search.py`` (``hard_gallery``), queries from 2,000 other clusters (its
+Same gallery as ``benchmarks/serving/threshold_search.py`` (``hard_gallery``), queries from 2,000 other clusters (its
 ``other_clusters`` set; ``--query-set gallery_clusters``: new draws of the gallery's own clusters), tau at which
 the median query has 100 hits, the index built by ``write_index_folder`` with defaults and no evaluation queries
 (the build falls back to held-out-like points). Measured, interleaved round by round (so a
@@ -20,8 +20,8 @@ reach set recall 0.99 / 0.995 / 0.999 on these queries (the best any beta of tha
 other (leaves_factor, reorder_factor) points of today's search: set recall, and speed against the tuned point
 (interleaved, 2 runs each).
 
-    python benchmarks/threshold_methods.py --n 200000
-    python benchmarks/threshold_methods.py --n 1000000
+    python -m benchmarks.serving.threshold_methods --n 200000
+    python -m benchmarks.serving.threshold_methods --n 1000000
 
 Writes ``threshold_methods_<n>.json`` under ``--out`` (default ``benchmarks/results``) and prints a summary.
 """
@@ -332,7 +332,7 @@ def main() -> None:
         "set_recall": recall,
         "offline": offline,
         "scann_grid": grid,
-        "command": "python benchmarks/threshold_methods.py " + " ".join(sys.argv[1:]),
+        "command": "python -m benchmarks.serving.threshold_methods " + " ".join(sys.argv[1:]),
     }
     shutil.rmtree(folder)
     print(json.dumps({k: result[k] for k in result if k != "offline"}, indent=1))

@@ -35,8 +35,8 @@ Timed per build and query set, one process, queries in one batch, median of ``--
 * ``threshold(q, tau, exact=True)``;
 * a plain NumPy scan, ``q @ X.T >= tau`` in blocks of 65,536 rows.
 
-    python benchmarks/threshold_search.py                        # 1M
-    python benchmarks/threshold_search.py --n 10000000 --keep    # 10M (about 5 GB of embeddings a build)
+    python -m benchmarks.serving.threshold_search                        # 1M
+    python -m benchmarks.serving.threshold_search --n 10000000 --keep    # 10M (about 5 GB of embeddings a build)
 
 Writes ``benchmarks/results/threshold_search_issue32_<n>.json`` and ``.md`` (``--record``; the #23 records
 ``threshold_search_<n>`` stay as they were) with the machine (CPU model, cores), load averages and date. The JSON
@@ -467,7 +467,7 @@ def main(argv=None) -> None:
     unknown = set(builds) - set(BUILDS)
     if unknown:
         ap.error(f"unknown builds {sorted(unknown)}; choose from {', '.join(BUILDS)}")
-    command = "python benchmarks/threshold_search.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python -m benchmarks.serving.threshold_search " + " ".join(sys.argv[1:] if argv is None else argv)
     name = args.record or f"threshold_search_issue32_{args.n}"
 
     def save(record: dict) -> None:  # after each timed step: an interrupted run keeps its figures

@@ -5,7 +5,7 @@ generated 100k gallery.
    the wall time of the command and the seconds its own ``W/record.json`` states. With ``--workdir W`` holding a
    finished demo run (``record.json`` and a servable index) that run is reused and not timed again.
 2. **The demo's gallery.** ``ce-retrieval serve`` on ``W/export`` in its own process (as
-   ``benchmarks/reliability.py``: default host, ``--max_concurrency 8``, no reload), driven by client threads
+   ``benchmarks/serving/reliability.py``: default host, ``--max_concurrency 8``, no reload), driven by client threads
    with one keep-alive connection each (``reliability.load``), one caption per request (the test split's
    captions), for ``--duration`` seconds per row at concurrency 1 and 8:
 
@@ -22,13 +22,14 @@ generated 100k gallery.
    default threshold answers against the exact ones (over the answers not cut). Every request that is not a 200
    counts as failed.
 3. **A generated gallery** (``--gallery``, default 100,000; 0 skips it): the hard clustered gallery of
-   ``benchmarks/threshold_search.py`` behind ``benchmarks/service.py``'s hashed bag-of-words text tower (d = 128),
-   with stand-in calibration from generated captions (not the load's): the "precision 0.9" threshold where the
-   median caption has 100 hits, a probability map reaching 0.9 where it has 30. Same rows as 2. A ScaNN index at
-   this size, so the default threshold search is the approximate one when its build met the set-recall target.
+   ``benchmarks/serving/threshold_search.py`` behind the stand-in export (``benchmarks/common/exports.py``: a hashed
+   bag-of-words text tower, d = 128), with stand-in calibration from generated captions (not the load's): the
+   "precision 0.9" threshold where the median caption has 100 hits, a probability map reaching 0.9 where it has 30.
+   Same rows as 2. A ScaNN index at this size, so the default threshold search is the approximate one when its build
+   met the set-recall target.
 
-    python benchmarks/threshold_service.py                          # demo (~6.5 min) + both galleries (~3 min)
-    python benchmarks/threshold_service.py --workdir runs/demo      # reuse a finished demo run
+    python -m benchmarks.serving.threshold_service                          # demo (~6.5 min) + both galleries (~3 min)
+    python -m benchmarks.serving.threshold_service --workdir runs/demo      # reuse a finished demo run
 
 Writes ``<out>/threshold_service.json`` and ``.md`` (command, machine, load average during the run, date); exits
 1 when a request failed.
@@ -433,7 +434,7 @@ def main(argv=None) -> int:
     ap.add_argument("--brute_force_below", type=int, default=None, help=argparse.SUPPRESS)  # tests: ScaNN on small
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args(argv)
-    command = "python benchmarks/threshold_service.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python -m benchmarks.serving.threshold_service " + " ".join(sys.argv[1:] if argv is None else argv)
     r = run(args, command.strip())
     write_record(args.out, "threshold_service", r, markdown(r))
     return 0 if r["all_requests_succeeded"] else 1

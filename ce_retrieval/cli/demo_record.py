@@ -3,9 +3,9 @@
 Training is deterministic given the seed *on one machine*; another CPU (other instruction sets, hence other
 oneDNN/Eigen kernels and summation orders) trains a slightly different model from the same seed, and those
 differences grow over 500 steps. So the README states the demo's figures as a range over seeds
-(``benchmarks/demo_seeds.py`` measures it and ships it as ``demo_range.json`` beside this module), and every demo
-run writes ``<workdir>/record.json`` + ``record.md`` (date, machine, load, seed, the headline figures) and prints
-where each figure sits in that range.
+(``python -m benchmarks.quality.demo_seeds --package`` measures it and writes it to ``demo_range.json`` beside this
+module), and every demo run writes ``<workdir>/record.json`` + ``record.md`` (date, machine, load, seed, the
+headline figures) and prints where each figure sits in that range.
 
 A headline figure per run: global PR-AUC, text→image R@1/5/10, image→text R@1, R@1 and R@100 with the distractors,
 how many of the 19 precision levels (0.05 … 0.95) a threshold reaches on validation, and for precision 0.5 the
@@ -141,7 +141,7 @@ def markdown(record: dict) -> str:
 
 
 def load_range(path: str | None = None) -> dict | None:
-    """The shipped range over seeds (``benchmarks/demo_seeds.py --package``), or None when there is none."""
+    """The shipped range over seeds (``benchmarks/quality/demo_seeds.py --package``), or None when there is none."""
     path = path or RANGE_FILE
     if not os.path.exists(path):
         return None

@@ -65,7 +65,7 @@ from ce_retrieval.utils.replicas import replica_sum, stack_from_replicas
 _NEG_INF = float("-inf")
 
 #: Default tile width T when none is given (tuned at N = 8192, d = 128 on CPU, XLA: 256-512 fastest, 2048+ slower;
-#: benchmarks/tiled.py --tile-sizes).
+#: benchmarks/scale/tiled.py --tile-sizes).
 DEFAULT_TILE_SIZE = 512
 #: The default tile holds at most this many logits (``N·T``): 2^25 float32 = 128 MiB per ``[N, T]`` temporary.
 MAX_TILE_ENTRIES = 2**25

@@ -128,7 +128,7 @@ class ThresholdParams:
 
 
 # Cost model (module docstring), in units of one (query, item) product of the batched exact scan
-# (``partitions.scan_hits``): benchmarks/threshold_cost_model.py, record threshold_cost_model.md.
+# (``partitions.scan_hits``): benchmarks/serving/threshold_cost_model.py, record threshold_cost_model.md.
 BUDGET = 0.5  # of an exact search: the rounds a query may spend before it is answered exactly
 # measured at 1M (threshold_cost_model.md: a least-squares fit over 16 ScaNN settings, batches of 200 and of 1; the
 # fixed part per ScaNN call it leaves, 0 to 6,300, is below a round's 100,000 and more, and left out)

@@ -56,7 +56,7 @@ def steps_per_epoch(cfg) -> int:
 def prepare_process(cfg) -> tuple[tf.distribute.Strategy, str]:
     """The process-wide set-up of a training run: ``(strategy, precision policy)``, the policy set, the seeds and
     op determinism (``train.deterministic``). Call first thing in the process: the strategy may split the CPU into
-    logical devices, which must happen before TensorFlow runs an op (``benchmarks/train_scale.py`` shares it)."""
+    logical devices, which must happen before TensorFlow runs an op (``benchmarks/scale/train_scale.py`` shares it)."""
     strategy = distribute.make_strategy(cfg.train)  # first: may split the CPU into logical devices
     _quiet_known_noise()
     policy = distribute.precision_policy(cfg.train, strategy)

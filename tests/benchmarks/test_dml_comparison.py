@@ -1,4 +1,4 @@
-"""End to end (``benchmarks/dml_comparison.py``): training a small embedding with each proxy loss improves
+"""End to end (``benchmarks/losses/dml_comparison.py``): training a small embedding with each proxy loss improves
 Recall@1, MAP@R and NMI on unseen classes (NCA and LMNN are exercised end to end through model.fit in
 test_dml_proxy_layers.py)."""
 

@@ -1,4 +1,4 @@
-"""``benchmarks/record_files.py``: a record is ``<name>.json`` plus ``<name>.md`` in the output folder."""
+"""``benchmarks/common/records.py``: a record is ``<name>.json`` plus ``<name>.md`` in the output folder."""
 
 import json
 

@@ -1,4 +1,4 @@
-"""``benchmarks/reliability.py --quick`` end to end (issue #15): one SIGKILL of a tiny training run during a
+"""``benchmarks/serving/reliability.py --quick`` end to end (issue #15): one SIGKILL of a tiny training run during a
 checkpoint write, then resume; the HTTP service under load while versions are published; the malformed-request
 corpus. Fails if an invariant breaks (a temporary / partial checkpoint file left, a failed request, an answer
 other than 4xx with a reason). The export/index kill part is left to the full run (it needs ~1 min alone)."""

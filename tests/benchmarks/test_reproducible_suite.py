@@ -1,6 +1,6 @@
 """Issue #30: the calibration suite's figures are reproducible. Two fresh processes run the same small plan (the
 quick plan's tiny digits family and model, one seed, both regimes) and write the same numbers, bit for bit: the
-family's frozen features (``benchmarks/family_features.py``), every run's test embeddings and every figure of
+family's frozen features (``benchmarks/quality/family_features.py``), every run's test embeddings and every figure of
 every run and table. Before the one seeding point the towers were built before any seed was set, so every process
 pretrained different features."""
 

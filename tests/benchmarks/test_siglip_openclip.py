@@ -1,4 +1,4 @@
-"""``benchmarks/siglip_openclip.py`` (issue #22): our tiled SigLIP loss and the torch chunked loss it is measured
+"""``benchmarks/scale/siglip_openclip.py`` (issue #22): our tiled SigLIP loss and the torch chunked loss it is measured
 against agree on the same inputs (the loss and its gradients w.r.t. both embedding sets, t and b), the chunked
 loop meets every block once (float64, against the plain loss), and the script runs end to end on a tiny size,
 leaving out the case its estimate puts over the budget."""

@@ -1,4 +1,4 @@
-"""``benchmarks/threshold_leaves.py`` on a 20,000-item gallery: the record's fields and the counts' invariants
+"""``benchmarks/serving/threshold_leaves.py`` on a 20,000-item gallery: the record's fields and the counts' invariants
 (figures only in the benchmark's record)."""
 
 import json

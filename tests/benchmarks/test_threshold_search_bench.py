@@ -1,6 +1,6 @@
-"""``benchmarks/threshold_search.py`` on a 20,000-item gallery (the smallest that gets a ScaNN index): the record's
-fields, exact mode equal to the scan, the index kept with ``--keep`` and reused by a second run. Figures only in
-the benchmark's record."""
+"""``benchmarks/serving/threshold_search.py`` on a 20,000-item gallery (the smallest that gets a ScaNN index): the
+record's fields, exact mode equal to the scan, the index kept with ``--keep`` and reused by a second run. Figures
+only in the benchmark's record."""
 
 import json
 

@@ -1,5 +1,5 @@
-"""``benchmarks/threshold_service.py`` on tiny sizes: a finished "demo run" stood in by a 300-item generated export
-(brute force) and a 3,000-item generated gallery on ScaNN; every mode at concurrency 1 and 8 answered, 0 failed,
+"""``benchmarks/serving/threshold_service.py`` on tiny sizes: a finished "demo run" stood in by a 300-item generated
+export (brute force) and a 3,000-item generated gallery on ScaNN; every mode at concurrency 1 and 8 answered, 0 failed,
 and the record's fields. Figures only in the benchmark's record."""
 
 import json

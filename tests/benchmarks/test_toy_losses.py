@@ -1,4 +1,4 @@
-"""Behaviour: every loss of the softmax family trains the toy embedding of ``benchmarks/toy_losses.py`` (recall@1
+"""Behaviour: every loss of the softmax family trains the toy embedding of ``benchmarks/losses/toy_losses.py`` (recall@1
 rises well above chance), and the script's command line runs it."""
 
 import pytest

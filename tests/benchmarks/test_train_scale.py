@@ -1,5 +1,5 @@
-"""``benchmarks/train_scale.py`` at smoke size (its figures live in BENCHMARKS.md): the model built from the config
-takes the loss path each configuration selects (tiled; sharded + tiled over 2 logical replicas), its train step
+"""``benchmarks/scale/train_scale.py`` at smoke size (its figures live in BENCHMARKS.md): the model built from the
+config takes the loss path each configuration selects (tiled; sharded + tiled over 2 logical replicas), its train step
 gives a finite loss, and the record has every field."""
 
 import json
@@ -32,7 +32,7 @@ def test_smoke_run_takes_the_configured_paths_and_writes_the_record(tmp_path):
     assert set(record["against_baseline"]) == {"c"} and record["against_baseline"]["c"]["peak_rss_ratio"] > 0
     assert record["machine"]["cores"] and record["machine"]["date"] and record["machine"]["load_samples"]
     text = (tmp_path / "train_scale.md").read_text()
-    assert "python benchmarks/train_scale.py --runs a,c" in text and record["machine"]["cpu"] in text
+    assert "python -m benchmarks.scale.train_scale --runs a,c" in text and record["machine"]["cpu"] in text
     assert "| c: 2 replicas: sharded + tiled + gradient cache | 128 | 2 | sharded, tiled (T = 64) |" in text
 
 

@@ -86,7 +86,7 @@ def test_range_over_seeds_counts_seeds_without_a_value(tmp_path):
 def test_the_shipped_range_is_well_formed():
     shipped = demo_record.load_range()
     if shipped is None:
-        pytest.fail(f"{demo_record.RANGE_FILE} is missing: run benchmarks/demo_seeds.py --package")
+        pytest.fail(f"{demo_record.RANGE_FILE} is missing: run benchmarks/quality/demo_seeds.py --package")
     assert len(shipped["seeds"]) >= 3 and shipped["machine"]["cpu"]
     for name in ("CrossExampleSoftmax", "SampledSoftmax"):
         for key in demo_record.FIGURES:

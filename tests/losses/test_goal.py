@@ -289,7 +289,7 @@ def test_errors_name_the_problem():
 
 
 # Every branch of the code (3 triplet weights, 5 pair weights) is hit by these five combinations; all 15 are
-# trained under XLA by benchmarks/goal_check.py (too many XLA compiles for the unit-test budget).
+# trained under XLA by benchmarks/losses/goal_check.py (too many XLA compiles for the unit-test budget).
 BRANCH_COVER = [
     ("constant", "constant"),
     ("nca", "sigmoid"),

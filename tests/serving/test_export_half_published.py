@@ -1,4 +1,4 @@
-"""A crash between the two renames of ``export`` (found by ``benchmarks/reliability.py``: SIGKILL right after
+"""A crash between the two renames of ``export`` (found by ``benchmarks/serving/reliability.py``: SIGKILL right after
 ``text_encoder/<v>`` appeared) leaves a text encoder without its image encoder. Readers here never list it, but TF
 Serving would serve it next to the previous image encoder: the next export removes it and does not reuse its
 number."""

@@ -1,6 +1,6 @@
 """WeightsCheckpoint removes what a checkpoint save killed by SIGKILL left behind (found by
-``benchmarks/reliability.py``: a kill while ``ckpt-1`` was written left ``checkpoints/latest/ckpt-1_temp/`` forever,
-because the resumed run restored from the BackupAndRestore backup and never saved number 1 again)."""
+``benchmarks/serving/reliability.py``: a kill while ``ckpt-1`` was written left ``checkpoints/latest/ckpt-1_temp/``
+forever, because the resumed run restored from the BackupAndRestore backup and never saved number 1 again)."""
 
 import os
 

@@ -2,7 +2,7 @@
 
 * :func:`scene_attributes` — a multi-hot attribute vector (95 entries: background, relation, each group's
   colour / shape / size / count, and the colour x shape pairs present). It is the pretraining target of the
-  frozen-feature benchmarks (``benchmarks/pretrained_features.py``): generic, unaligned features.
+  frozen-feature benchmarks (``benchmarks/quality/pretrained_features.py``): generic, unaligned features.
 * :func:`scene_facts` — the set of statements true of a scene (``"color:red"``, ``"pair:red/star"``,
   ``"scene:<key>"`` ...). A caption *claims* a set of facts, and it fits every image whose facts contain its
   claim (``claim ⊆ facts``); :mod:`benchmarks.quality.families.family_format` turns this into the images each caption
