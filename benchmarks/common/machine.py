@@ -1,6 +1,7 @@
 """What a benchmark record says about the machine: the CPU model, the cores, and the load average sampled during the
-run (so a reader sees what else ran beside it) and the date; and :func:`run_module`, a measurement in a fresh process
-(its peak memory its own). No TensorFlow import: a parent that only starts children stays small."""
+run (so a reader sees what else ran beside it) and the date (:func:`machine_info`), or the main job's fuller
+description (:func:`host`: instruction sets, versions); and :func:`run_module`, a measurement in a fresh process (its
+peak memory its own). No TensorFlow import: a parent that only starts children stays small."""
 
 from __future__ import annotations
 
@@ -47,6 +48,14 @@ def machine_info(loads: list) -> dict:
     }
 
 
+def host() -> dict:
+    """CPU model, cores, instruction sets and library versions, as the main job's record states them
+    (``ce_retrieval.cli.demo_record.machine``); imported when called, so this module stays free of TensorFlow."""
+    from ce_retrieval.cli.demo_record import machine
+
+    return machine()
+
+
 def run_module(module: str, *args: str, **kwargs) -> subprocess.CompletedProcess:
     """Runs benchmark module ``module`` (a script passes its ``__spec__.name``) with ``args`` in a fresh Python
     process, output captured as text; ``kwargs`` go to :func:`subprocess.run` (e.g. ``timeout``). The child is
@@ -54,4 +63,4 @@ def run_module(module: str, *args: str, **kwargs) -> subprocess.CompletedProcess
     return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, **kwargs)
 
 
-__all__ = ["LoadSampler", "cpu_name", "machine_info", "run_module"]
+__all__ = ["LoadSampler", "cpu_name", "host", "machine_info", "run_module"]

@@ -26,6 +26,8 @@ import os
 
 import numpy as np
 
+from benchmarks.common.records import write_record
+
 BUCKETS = ((1, 1), (2, 3), (4, 10), (11, 50), (51, None))
 
 
@@ -236,10 +238,7 @@ def write(results_dir: str, out: str, runs: list[dict], a: str = "CE", b: str = 
         )
         items.append({"compare": compare(out, regime, family, seeds, a, b), "curves": curves(by_name[a], by_name[b])})
     os.makedirs(results_dir, exist_ok=True)
-    files = [os.path.join(results_dir, n) for n in ("analysis.md", "analysis.json", "analysis_curves.png")]
-    with open(files[0], "w") as f:
-        f.write(_markdown(items))
-    with open(files[1], "w") as f:
-        json.dump(items, f, indent=1)
+    json_path, md_path = write_record(results_dir, "analysis", items, _markdown(items), echo=False)
+    files = [md_path, json_path, os.path.join(results_dir, "analysis_curves.png")]
     _plot(files[2], items)
     return files

@@ -10,10 +10,11 @@ test gallery, 0 where the level was refused (``evaluation.promise_check``).
 
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np
+
+from benchmarks.common.records import write_record
 
 COLUMNS = (
     ("PR-AUC", "pr_auc"),
@@ -223,11 +224,7 @@ def write(results_dir: str, outcome: dict, plan, minutes: float, machine: dict |
             for d in outcome["runs"]
         ],
     }
-    files = [os.path.join(results_dir, "suite.json"), os.path.join(results_dir, "suite.md")]
-    with open(files[0], "w") as f:
-        json.dump(record, f, indent=1)
-    with open(files[1], "w") as f:
-        f.write(markdown(outcome, tables, plan, minutes, machine))
+    files = write_record(results_dir, "suite", record, markdown(outcome, tables, plan, minutes, machine), echo=False)
     for family in sorted({f for _, f in groups}):
         files.append(plot_family(os.path.join(results_dir, f"{family}.png"), family, groups))
     return files

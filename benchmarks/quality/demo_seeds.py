@@ -6,9 +6,12 @@
 Runs ``ce-retrieval demo --params_override train.seed=S`` once per seed, each in its own process and workdir
 (``<workdir>/seed<S>``; a finished training is reused, as the demo does), reads the ``record.json`` each run writes
 (``ce_retrieval/cli/demo_record.py``), and writes ``<out>.json`` (every seed's record and the range) and ``<out>.md``
-(the range table, machine, load, dates). ``--package`` also writes the range to
-``ce_retrieval/cli/demo_range.json``, which every demo run compares its own figures with. ``--no_run`` only collects
-records already on disk. The figures do not depend on the load; the seconds do (the load is recorded beside them).
+(the range table, machine, load, dates). ``--no_run`` only collects records already on disk. The figures do not
+depend on the load; the seconds do (the load is recorded beside them).
+
+``--package`` writes a file of the package as well: the range goes to ``ce_retrieval/cli/demo_range.json``, which
+every ``ce-retrieval demo`` compares its own figures with (:func:`package_range`). Without it, the package is left
+as it is; with it, commit the new file beside the record it came from.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import sys
 import time
 
 from benchmarks import ROOT
+from benchmarks.common.records import write_record
 from ce_retrieval.cli.demo_record import FIGURES, RANGE_FILE, fmt
 
 
@@ -144,6 +148,14 @@ def markdown(rng: dict, records: list[dict], command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def package_range(rng: dict) -> str:
+    """Writes the range to ``ce_retrieval/cli/demo_range.json``, the package's file that every ``ce-retrieval demo``
+    compares its own figures with (``demo_record.py``); returns its path. Only ``--package`` calls it: a run for a
+    record alone leaves the package as it is."""
+    pathlib.Path(RANGE_FILE).write_text(json.dumps(rng, indent=2) + "\n")
+    return RANGE_FILE
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -160,14 +172,10 @@ def main(argv=None) -> int:
         records = [run_seed(s, workdir, args.demo_args) for s in args.seeds]
     rng = summary(records)
     command = "python -m benchmarks.quality.demo_seeds --seeds " + " ".join(map(str, args.seeds)) + " --package"
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps({"range": rng, "records": records}, indent=2) + "\n")
-    out.with_suffix(".md").write_text(markdown(rng, records, command))
-    print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.md')}")
+    paths = write_record(*os.path.split(args.out), {"range": rng, "records": records}, markdown(rng, records, command))
+    print("wrote " + " and ".join(paths))
     if args.package:
-        pathlib.Path(RANGE_FILE).write_text(json.dumps(rng, indent=2) + "\n")
-        print(f"wrote {RANGE_FILE}")
+        print(f"wrote {package_range(rng)} (a file of the package: every demo run compares itself with it)")
     return 0
 
 

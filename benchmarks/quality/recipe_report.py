@@ -18,7 +18,9 @@ import glob
 import json
 import os
 import pathlib
-import platform
+
+from benchmarks.common.machine import cpu_name
+from benchmarks.common.records import write_record
 
 FIGS = (("pr_auc", "PR-AUC"), ("t2i_r1", "t→i R@1"), ("i2t_r1", "i→t R@1"), ("mean_calibration_error", "cal. err."))
 
@@ -83,7 +85,7 @@ def main(argv=None) -> int:
         + f" --demo {args.demo} --heads {args.heads} --out {args.out}"
         + " --note ..." * len(args.note),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "machine": f"{cpu_name()}, {os.cpu_count()} cores",
         "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
         "demo_command": demo["command"],
         "demo_candidates": demo["candidates"],
@@ -149,9 +151,7 @@ def main(argv=None) -> int:
     for n, by_seed in record["demo_curves"].items():
         for s, c in sorted(by_seed.items()):
             lines.append(f"- {n} seed {s}: {c['loss']}; {c.get('in_batch_recall_at_1')}")
-    pathlib.Path(args.out + ".json").write_text(json.dumps(record, indent=1))
-    pathlib.Path(args.out + ".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_record(*os.path.split(args.out), record, "\n".join(lines) + "\n")
     return 0
 
 

@@ -21,12 +21,13 @@ import datetime
 import json
 import os
 import pathlib
-import platform
 import subprocess
 import sys
 import time
 
 from benchmarks import ROOT
+from benchmarks.common.machine import cpu_name
+from benchmarks.common.records import write_record
 
 FIGS = ("pr_auc", "t2i_r1", "i2t_r1", "mean_calibration_error")
 
@@ -101,15 +102,13 @@ def main(argv=None) -> int:
     record = {
         "command": "python -m benchmarks.quality.recipe_seeds " + " ".join(sys.argv[1:] if argv is None else argv),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        "machine": f"{cpu_name()}, {os.cpu_count()} cores",
         "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
         "candidates": {"SS": "loss.name=SampledSoftmax", "CE": "", **cands},
         "seeds": args.seeds,
         "runs": {n: {str(s): r for s, r in sorted(v.items())} for n, v in runs.items()},
     }
-    pathlib.Path(args.out + ".json").write_text(json.dumps(record, indent=1))
-    pathlib.Path(args.out + ".md").write_text(markdown(record))
-    print(markdown(record))
+    write_record(*os.path.split(args.out), record, markdown(record))
     return 0
 
 

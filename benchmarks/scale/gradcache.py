@@ -25,6 +25,7 @@ import time
 
 from benchmarks import ROOT
 from benchmarks.common.machine import run_module
+from benchmarks.common.records import write_json
 
 os.environ["TF_USE_LEGACY_KERAS"] = "1"  # before TensorFlow loads, whatever the import order below
 
@@ -143,8 +144,8 @@ def main(argv: list[str] | None = None) -> dict:
     }
     print("summary:", json.dumps(summary, indent=1))
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(summary, f, indent=1)
+        out, name = os.path.split(os.path.splitext(args.out)[0])
+        write_json(out, name, summary)
     return summary
 
 

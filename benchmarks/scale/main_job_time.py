@@ -26,6 +26,7 @@ import time
 
 from benchmarks import ROOT
 from benchmarks.common.machine import cpu_name  # noqa: E402  (the CPU model for the record)
+from benchmarks.common.records import write_record  # noqa: E402
 
 
 def run(clone: str, log_path: str) -> dict:
@@ -96,11 +97,7 @@ def main(argv=None) -> int:
         load_before=load_before,
         load_after=[round(x, 2) for x in os.getloadavg()],
     )
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out + ".json", "w") as f:
-        json.dump(doc, f, indent=1)
-    with open(args.out + ".md", "w") as f:
-        f.write(markdown(doc))
+    write_record(*os.path.split(args.out), doc, markdown(doc), echo=False)
     os.remove(args.out + ".log")
     print(markdown(doc))
     return 0

@@ -61,7 +61,7 @@ from importlib import metadata
 import numpy as np
 
 from benchmarks import ROOT
-from benchmarks.common.machine import cpu_name, run_module  # noqa: E402  (CPU model for the record; no TensorFlow)
+from benchmarks.common.machine import machine_info, run_module  # noqa: E402  (CPU model for the record; no TensorFlow)
 from benchmarks.common.records import write_record  # noqa: E402
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
@@ -532,14 +532,7 @@ def main(argv=None) -> int:
         "benchmark": "siglip_openclip",
         "command": command,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {
-            "cpu": cpu_name(),
-            "cores": os.cpu_count(),
-            "platform": platform.platform(),
-            "load_min": min(loads),
-            "load_max": max(loads),
-            "load_samples": [round(x, 2) for x in loads],
-        },
+        "machine": machine_info(loads) | {"platform": platform.platform()},
         "minutes": (time.perf_counter() - started) / 60,
         "dim": args.dim,
         "repeats": args.repeats,

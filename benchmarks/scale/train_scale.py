@@ -53,6 +53,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from benchmarks import ROOT
 from benchmarks.common.machine import LoadSampler, machine_info, run_module  # noqa: E402  (no TensorFlow in the parent)
+from benchmarks.common.records import write_record  # noqa: E402
 
 DEMO_CONFIG = os.path.join(ROOT, "configs", "synthetic_demo.yaml")
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
@@ -371,13 +372,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": results,
         "against_baseline": compare(results),
     }
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "train_scale.json"), "w", encoding="utf-8") as f:
-        json.dump(record, f, indent=1)
-    text = markdown(record)
-    with open(os.path.join(args.out, "train_scale.md"), "w", encoding="utf-8") as f:
-        f.write(text)
-    print(text)
+    write_record(args.out, "train_scale", record, markdown(record))
     return 1 if any("failed" in r for r in results) else 0
 
 

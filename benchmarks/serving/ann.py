@@ -25,6 +25,7 @@ from scann.scann_ops.py import scann_ops_pybind  # noqa: E402,F401  (import befo
 
 import ce_retrieval  # noqa: E402,F401  (legacy Keras before TensorFlow, which ScaNN imports)
 from benchmarks.common.galleries import clustered  # noqa: E402
+from benchmarks.common.records import write_record  # noqa: E402
 from ce_retrieval.evaluation.ann import IndexParams, build_scann, default_params  # noqa: E402
 from ce_retrieval.evaluation.search import exact_search  # noqa: E402
 from ce_retrieval.serving.partitions import build_partitions, threshold_search  # noqa: E402
@@ -248,8 +249,6 @@ def main():
     info["date"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     info["command"] = "python -m benchmarks.serving.ann " + " ".join(sys.argv[1:])
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"info": info, "rows": rows}, f, indent=2)
         head = [
             f"# ANN search, N = {args.n:,} ({info['date']})",
             "",
@@ -257,8 +256,8 @@ def main():
             f"at end {info['load_average_1_5_15']['end']}.",
             "",
         ]
-        with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
-            f.write("\n".join(head + report) + "\n")
+        out, name = os.path.split(os.path.splitext(args.out)[0])
+        write_record(out, name, {"info": info, "rows": rows}, "\n".join(head + report) + "\n", echo=False)
 
 
 if __name__ == "__main__":

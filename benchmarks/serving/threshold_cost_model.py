@@ -39,6 +39,7 @@ import numpy as np  # noqa: E402
 from scipy.optimize import nnls  # noqa: E402
 
 from benchmarks import RESULTS  # noqa: E402
+from benchmarks.common.machine import host  # noqa: E402
 from benchmarks.common.records import write_record  # noqa: E402
 from benchmarks.serving import threshold_search as ts  # noqa: E402
 from ce_retrieval.serving import threshold_search as model  # noqa: E402
@@ -180,7 +181,7 @@ def main(argv=None) -> None:
     record = {
         "benchmark": "threshold_cost_model",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": ts._machine(),
+        "machine": host(),
         "load_average_1_5_15": {"start": load[0], "end": load[1]},
         "n": args.n,
         "num_queries": args.queries,

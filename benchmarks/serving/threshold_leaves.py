@@ -31,6 +31,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 
 from benchmarks import RESULTS  # noqa: E402
+from benchmarks.common.machine import host  # noqa: E402
 from benchmarks.common.records import write_record  # noqa: E402
 from benchmarks.serving import threshold_search as ts  # noqa: E402
 from ce_retrieval.serving.gallery import GalleryIndex  # noqa: E402  (imports ScaNN before BLAS work)
@@ -110,7 +111,7 @@ def main(argv=None) -> None:
     record = {
         "benchmark": "threshold_leaves",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": ts._machine(),
+        "machine": host(),
         "n": args.n,
         "query_sets": {},
     }

@@ -44,6 +44,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 
 from benchmarks import RESULTS  # noqa: E402
+from benchmarks.common.records import write_json  # noqa: E402
 from benchmarks.serving.threshold_search import MODEL, QUERY_STREAM, SEED, hard_gallery, numpy_scan  # noqa: E402
 from ce_retrieval.serving.gallery import GalleryIndex  # noqa: E402  (imports ScaNN before BLAS work)
 from ce_retrieval.serving.index import evaluation_queries, write_index_folder  # noqa: E402
@@ -336,9 +337,7 @@ def main() -> None:
     }
     shutil.rmtree(folder)
     print(json.dumps({k: result[k] for k in result if k != "offline"}, indent=1))
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, f"threshold_methods_{args.n}.json"), "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=1)
+    write_json(args.out, f"threshold_methods_{args.n}", result)
 
 
 if __name__ == "__main__":

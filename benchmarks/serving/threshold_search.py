@@ -72,6 +72,7 @@ import numpy as np  # noqa: E402
 
 from benchmarks import RESULTS  # noqa: E402
 from benchmarks.common.galleries import cluster_labels, clustered  # noqa: E402
+from benchmarks.common.machine import host  # noqa: E402
 from benchmarks.common.records import write_json, write_record  # noqa: E402
 from ce_retrieval.serving.gallery import GalleryIndex  # noqa: E402  (imports ScaNN before BLAS work)
 from ce_retrieval.serving.index import write_index_folder  # noqa: E402
@@ -340,7 +341,7 @@ def run(
         "benchmark": "threshold_search",
         "complete": False,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": _machine(),
+        "machine": host(),
         "load_average_1_5_15": load,
         "n": n,
         "dim": DIM,
@@ -372,13 +373,6 @@ def run(
 
 def _loadavg() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
-
-
-def _machine() -> dict:
-    """CPU model and cores (``ce_retrieval.cli.demo_record.machine``: also instruction sets and versions)."""
-    from ce_retrieval.cli.demo_record import machine
-
-    return machine()
 
 
 def markdown(r: dict, command: str) -> str:

@@ -45,7 +45,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
@@ -54,6 +53,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import numpy as np  # noqa: E402
 
 from benchmarks import RESULTS  # noqa: E402
+from benchmarks.common.machine import LoadSampler, host  # noqa: E402
 from benchmarks.common.records import write_record  # noqa: E402
 from benchmarks.serving import reliability  # noqa: E402  (server_process, load)
 from ce_retrieval.serving import layout  # noqa: E402
@@ -288,22 +288,9 @@ def measure_gallery(name: str, export_dir: str, captions: list[str], source: str
 
 
 # ================================================================================================= record
-class _LoadSampler(threading.Thread):
-    """The 1-minute load average every ``every_s`` seconds, so the record says what else ran beside it."""
-
-    def __init__(self, every_s: float = 15.0):
-        super().__init__(daemon=True)
-        self.samples, self.every_s, self.stop = [os.getloadavg()[0]], every_s, threading.Event()
-
-    def run(self):
-        while not self.stop.wait(self.every_s):
-            self.samples.append(os.getloadavg()[0])
-
-
 def run(args, command: str) -> dict:
-    from ce_retrieval.cli.demo_record import machine
-
-    sampler = _LoadSampler()
+    samples = []
+    sampler = LoadSampler(samples, every=15.0)  # the 1-minute load average, so the record says what ran beside it
     sampler.start()
     started = time.perf_counter()
     scratch = tempfile.mkdtemp(prefix="ce_threshold_service_")
@@ -322,17 +309,17 @@ def run(args, command: str) -> dict:
     finally:
         sampler.stop.set()
         shutil.rmtree(scratch, ignore_errors=True)
-    sampler.samples.append(os.getloadavg()[0])
+    samples.append(os.getloadavg()[0])
     failed = sum(g["failed"] for g in galleries)
     return {
         "benchmark": "threshold_service",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": command,
-        "machine": machine(),
+        "machine": host(),
         "load_average_1min": {
-            "samples": [round(x, 2) for x in sampler.samples],
-            "min": round(min(sampler.samples), 2),
-            "max": round(max(sampler.samples), 2),
+            "samples": [round(x, 2) for x in samples],
+            "min": round(min(samples), 2),
+            "max": round(max(samples), 2),
         },
         "seconds": round(time.perf_counter() - started, 1),
         "duration_per_row_s": args.duration,

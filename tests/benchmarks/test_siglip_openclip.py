@@ -84,5 +84,5 @@ def test_script_runs_end_to_end_and_leaves_out_what_exceeds_the_budget(tmp_path)
     assert rows[("ours", 1)]["loss"] == pytest.approx(rows[("openclip", 2)]["loss"], rel=1e-5)
     assert rows[("openclip", 2)]["time_ratio_ours"] > 0
     assert all(max(d.values()) < 2e-5 for d in record["check"].values()), record["check"]
-    assert record["machine"]["cores"] >= 1 and "siglip_openclip.py" in record["command"]
+    assert record["machine"]["cores"] >= 1 and "benchmarks.scale.siglip_openclip" in record["command"]
     assert "| OpenCLIP SigLipLoss, W = 1 | 64 | not run: needs" in (tmp_path / "siglip_openclip.md").read_text()
