@@ -10,6 +10,7 @@ from benchmarks.quality import paper_tables
 from ce_retrieval import losses
 
 
+@pytest.mark.slow  # 37 s under load 6-8: every registered loss traced once
 def test_losses_benchmark_covers_every_registered_loss(capsys):
     assert all_losses.main(["--sizes", "32", "--modes", "function", "--repeats", "1"]) == 0
     rows = [
@@ -21,6 +22,7 @@ def test_losses_benchmark_covers_every_registered_loss(capsys):
         assert math.isfinite(float(ratio)) and float(ratio) > 0, (name, ratio)
 
 
+@pytest.mark.slow  # 29 s under load 6-8
 def test_dml_pairs_benchmark_runs(capsys, monkeypatch):
     argv = [
         "dml_pairs_check.py",
