@@ -67,6 +67,7 @@ def run_one(loss: str, kwargs: dict, seed: int, steps: int, out: str, rerun: boo
 
 
 def main(args) -> int:
+    from benchmarks.common.records import write_markdown
     from benchmarks.quality.paper_tables import PAPER_LOSSES
     from ce_retrieval.evaluation.report import format_markdown, load_results
 
@@ -78,7 +79,6 @@ def main(args) -> int:
         for seed in range(seeds)
     ]
     table = format_markdown(load_results(paths))
-    with open(os.path.join(args.out, "table.md"), "w") as f:
-        f.write(table + "\n")
+    write_markdown(args.out, "table", table + "\n")
     print(table)
     return 0

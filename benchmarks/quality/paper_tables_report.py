@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 
 import numpy as np
 
+from benchmarks.common.records import write_json, write_markdown
 from ce_retrieval.evaluation import plots
 from ce_retrieval.evaluation.report import format_markdown, paired_difference
 from ce_retrieval.evaluation.transfer import reliability_curve
@@ -171,8 +171,7 @@ def write(out: str, docs: dict, sweeps: dict, plan, minutes: float, seconds: dic
         f"features {seconds['features'] / 60:.1f} min, {seconds['runs'] / 60:.1f} min of runs); this invocation "
         f"took {minutes:.1f} min (runs found on disk are reused)."
     )
-    with open(os.path.join(out, "table.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
+    table = write_markdown(out, "table", "\n".join(lines) + "\n")
     summary = {
         "plan": dataclasses.asdict(plan),
         "minutes": minutes,
@@ -192,6 +191,5 @@ def write(out: str, docs: dict, sweeps: dict, plan, minutes: float, seconds: dic
             for loss, runs in docs.items()
         },
     }
-    with open(os.path.join(out, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=1, default=float)
-    return [os.path.join(out, "table.md"), *files]
+    write_json(out, "summary", summary)
+    return [table, *files]
