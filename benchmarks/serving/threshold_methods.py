@@ -32,7 +32,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -44,6 +43,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 
 from benchmarks import RESULTS  # noqa: E402
+from benchmarks.common.machine import host  # noqa: E402
 from benchmarks.common.records import write_json  # noqa: E402
 from benchmarks.serving.threshold_search import MODEL, QUERY_STREAM, SEED, hard_gallery, numpy_scan  # noqa: E402
 from ce_retrieval.serving.gallery import GalleryIndex  # noqa: E402  (imports ScaNN before BLAS work)
@@ -317,7 +317,7 @@ def main() -> None:
     _, scored = probe_search(shapes, queries, xs, tau, beta)
     result = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+        "machine": host(),  # platform, cpu_count, CPU model and flags, versions
         "load_average_1_5_15": {"start": load[0], "end": load[1]},
         "n": args.n,
         "tau": tau,
