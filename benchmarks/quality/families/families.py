@@ -1,6 +1,6 @@
 """Dataset families that differ in kind, built by the project, written in real formats, read by real loaders.
 
-    shapes   today's synthetic scenes and captions (``synthetic.py``)             -> TFRecord shards
+    shapes   today's synthetic scenes and captions (``ce_retrieval.data.synthetic``) -> TFRecord shards
     vague    synthetic scenes, most captions name one or two attributes only       -> Karpathy JSON + PNGs
              (``vague_captions.py``: a caption fits many images)
     digits   scikit-learn's handwritten digits, two per scene (``digit_scenes.py``) -> Karpathy JSON + PNGs
