@@ -50,9 +50,9 @@ def make_inputs(size: int, dim: int, seed: int):
 
 def make_step(strategy, partition: str, cross_example: bool, fraction):
     """A ``tf.function``: per replica, (objective, dQ_r, dD_r) of its rows (see module docstring)."""
+    from ce_retrieval.losses.kernels.sharded import sharded_softmax_loss
+    from ce_retrieval.losses.kernels.softmax import softmax_loss
     from ce_retrieval.losses.relevance import relevance_from_ids
-    from ce_retrieval.losses.sharded import sharded_softmax_loss
-    from ce_retrieval.losses.softmax_core import softmax_loss
     from ce_retrieval.modeling.similarity import gather_from_replicas, num_replicas
 
     def replica_fn(q_r, d_r, ids_r):

@@ -283,7 +283,7 @@ def run_case(case: dict) -> dict:
         # isort: off
         import ce_retrieval  # noqa: F401  (legacy Keras before TensorFlow)
         import tensorflow as tf
-        from ce_retrieval.losses.tiled import default_tile_size
+        from ce_retrieval.losses.kernels.tiled import default_tile_size
 
         # isort: on
 

@@ -32,7 +32,7 @@ from benchmarks.common.machine import run_module  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from ce_retrieval import losses  # noqa: E402
 from ce_retrieval.losses.relevance import relevance_from_ids  # noqa: E402
-from ce_retrieval.losses.tiled import default_tile_size  # noqa: E402
+from ce_retrieval.losses.kernels.tiled import default_tile_size  # noqa: E402
 
 # isort: on
 

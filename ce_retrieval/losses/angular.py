@@ -36,9 +36,9 @@ import math
 
 import tensorflow as tf
 
-from ce_retrieval.losses._masked import masked_logsumexp, masked_max, pair_masks
 from ce_retrieval.losses.base import RetrievalLoss
-from ce_retrieval.losses.fast_paths import over_positive_slots
+from ce_retrieval.losses.kernels.fast_paths import over_positive_slots
+from ce_retrieval.losses.kernels.masked import masked_logsumexp, masked_max, pair_masks
 from ce_retrieval.losses.registry import register
 
 

@@ -35,8 +35,8 @@ import inspect
 import tensorflow as tf
 import tf_keras
 
-from ce_retrieval.losses._masked import mean_over_positives
 from ce_retrieval.losses._similarity import require_gram
+from ce_retrieval.losses.kernels.masked import mean_over_positives
 from ce_retrieval.losses.registry import default_name, register
 from ce_retrieval.losses.relevance import IGNORED, IRRELEVANT, RELEVANT
 
@@ -119,10 +119,10 @@ class RetrievalLoss(tf_keras.losses.Loss):
     #: S must be the Gram matrix X·Xᵀ of one embedding set (the two-tower task passes the joint Gram matrix of
     #: [text; image] embeddings).
     needs_gram: bool = False
-    #: has an exact column-tiled path from embeddings (:meth:`tiled_loss`, ``tiled.py``: no ``[N, M]`` matrix).
+    #: has an exact column-tiled path from embeddings (:meth:`tiled_loss`, ``kernels/tiled.py``: no ``[N, M]`` matrix).
     supports_tiled: bool = False
     #: can be sharded over replicas (:meth:`sharded_share`: each replica's rows against the gathered documents,
-    #: the replicas' shares summing to the loss; ``sharded.py``).
+    #: the replicas' shares summing to the loss; ``kernels/sharded.py``).
     supports_sharded: bool = False
     #: S must stay cosines because the logits are not linear in S (the margin softmaxes' ``p = λ·ψ(cos)``, NCA's
     #: clamped ``d² = max(2 − 2s, 0)``); a learned λ is not folded into S but given as a tensor, ``logit_scale=`` of

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from ce_retrieval.losses._masked import masked_mean, pair_masks
 from ce_retrieval.losses.base import RetrievalLoss
+from ce_retrieval.losses.kernels.masked import masked_mean, pair_masks
 from ce_retrieval.losses.registry import register
 
 

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from ce_retrieval.losses._masked import mean_over_positives
 from ce_retrieval.losses._similarity import check_similarity, distance
 from ce_retrieval.losses.base import RetrievalLoss
+from ce_retrieval.losses.kernels.masked import mean_over_positives
 from ce_retrieval.losses.registry import register
 from ce_retrieval.losses.relevance import IRRELEVANT
 

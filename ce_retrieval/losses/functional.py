@@ -46,9 +46,10 @@ from ce_retrieval.losses import soft_triple as _soft_triple
 from ce_retrieval.losses import softmax as _softmax
 from ce_retrieval.losses import softmax_core as _softmax_core
 from ce_retrieval.losses import threshold_consistent as _threshold_consistent
-from ce_retrieval.losses import tiled as _tiled
 from ce_retrieval.losses import triplet as _triplet
 from ce_retrieval.losses.base import validate_similarity_inputs
+from ce_retrieval.losses.kernels import softmax as _softmax_kernel
+from ce_retrieval.losses.kernels import tiled as _tiled
 
 
 def _validated(function, cls):
@@ -78,7 +79,7 @@ def _validated(function, cls):
 
 
 # The softmax family (Veit & Wilber 2020 and the margin losses).
-softmax_loss = _validated(_softmax_core.softmax_loss, _softmax_core.SoftmaxFamilyLoss)
+softmax_loss = _validated(_softmax_kernel.softmax_loss, _softmax_core.SoftmaxFamilyLoss)
 sampled_softmax = _validated(_softmax.sampled_softmax, _softmax.SampledSoftmax)
 stochastic_negative_mining = _validated(_softmax.stochastic_negative_mining, _softmax.StochasticNegativeMining)
 cross_example_softmax = _validated(_softmax.cross_example_softmax, _softmax.CrossExampleSoftmax)

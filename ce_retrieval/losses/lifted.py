@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from ce_retrieval.losses._masked import logaddexp, masked_logsumexp, masked_mean, pair_masks
 from ce_retrieval.losses._similarity import distance
 from ce_retrieval.losses.base import RetrievalLoss
+from ce_retrieval.losses.kernels.masked import logaddexp, masked_logsumexp, masked_mean, pair_masks
 from ce_retrieval.losses.registry import register
 
 

@@ -1,6 +1,6 @@
 """Angular- and cosine-margin softmax losses: the paper's margin baselines (Table 1) and their successors.
 
-All four are the softmax pipeline of ``softmax_core.py`` with a margin on the positive logit only:
+All four are the softmax pipeline of ``kernels/softmax.py`` with a margin on the positive logit only:
 
     loss_ij = -log( e^{p_ij} / (e^{p_ij} + sum_{s in Neg} e^{scale * s}) ),  mean over positive pairs (i, j)
 
@@ -38,7 +38,7 @@ Functional core (``ce_retrieval.losses.functional``): :func:`large_margin_softma
 (with the annealed ``lambda_`` given as a number or tensor), :func:`additive_margin_softmax`,
 :func:`arc_margin_softmax`, each ``fn(relevance, scores, margin=..., scale=20, cross_example=False)``.
 As for the rest of the softmax family, each logit is one entry ``s_ij``: ``needs_gram`` is false, and
-``loss.from_embeddings(Q, D, query_ids, doc_ids)`` runs the exact column-tiled path (``tiled.py``) at any batch
+``loss.from_embeddings(Q, D, query_ids, doc_ids)`` runs the exact column-tiled path (``kernels/tiled.py``) at any batch
 size, with ``positive_cosine`` as its margin.
 
 Learned λ. The margin acts on cosines, so these losses declare ``needs_cosine``: where the retrieval objective
@@ -56,8 +56,9 @@ import tensorflow as tf
 import tf_keras
 
 from ce_retrieval.losses.base import RetrievalLoss
+from ce_retrieval.losses.kernels.softmax import softmax_loss
 from ce_retrieval.losses.registry import register
-from ce_retrieval.losses.softmax_core import SoftmaxFamilyLoss, softmax_loss
+from ce_retrieval.losses.softmax_core import SoftmaxFamilyLoss
 
 
 def chebyshev_cos_multiple(cosine: tf.Tensor, m: int) -> tf.Tensor:

@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from ce_retrieval.losses._masked import masked_max, masked_min, pair_masks, row_any
 from ce_retrieval.losses._similarity import squared_distance
-from ce_retrieval.losses.fast_paths import inverse_permutation
+from ce_retrieval.losses.kernels.fast_paths import inverse_permutation
+from ce_retrieval.losses.kernels.masked import masked_max, masked_min, pair_masks, row_any
 
 
 def _inputs(relevance, scores):

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from ce_retrieval.losses.kernels.softmax import check_scale, softmax_loss
 from ce_retrieval.losses.registry import register
-from ce_retrieval.losses.softmax_core import SoftmaxFamilyLoss, check_scale, softmax_loss
+from ce_retrieval.losses.softmax_core import SoftmaxFamilyLoss
 
 
 def check_cross_weight(cross_weight, owner: str) -> float:

@@ -22,8 +22,8 @@ from __future__ import annotations
 import tensorflow as tf
 
 from ce_retrieval.losses import miners
-from ce_retrieval.losses._masked import masked_logsumexp, masked_mean, pair_masks, row_any
 from ce_retrieval.losses.base import RetrievalLoss
+from ce_retrieval.losses.kernels.masked import masked_logsumexp, masked_mean, pair_masks, row_any
 from ce_retrieval.losses.registry import register
 
 

@@ -31,9 +31,9 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from ce_retrieval.losses._masked import masked_logsumexp, masked_mean, row_any
 from ce_retrieval.losses._similarity import check_similarity, squared_distance
 from ce_retrieval.losses.base import RetrievalLoss
+from ce_retrieval.losses.kernels.masked import masked_logsumexp, masked_mean, row_any
 from ce_retrieval.losses.registry import register
 from ce_retrieval.losses.relevance import IRRELEVANT, RELEVANT
 

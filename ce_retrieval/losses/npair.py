@@ -28,8 +28,8 @@ import numbers
 
 import tensorflow as tf
 
-from ce_retrieval.losses._masked import masked_logsumexp, masked_mean, pair_masks
 from ce_retrieval.losses.base import RetrievalLoss
+from ce_retrieval.losses.kernels.masked import masked_logsumexp, masked_mean, pair_masks
 from ce_retrieval.losses.registry import register
 
 

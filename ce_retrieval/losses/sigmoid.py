@@ -35,10 +35,10 @@ import numbers
 
 import tensorflow as tf
 
-from ce_retrieval.losses._masked import pair_masks
 from ce_retrieval.losses.base import RetrievalLoss
+from ce_retrieval.losses.kernels.masked import pair_masks
+from ce_retrieval.losses.kernels.tiled_sigmoid import tiled_sigmoid_loss
 from ce_retrieval.losses.registry import register
-from ce_retrieval.losses.tiled_sigmoid import tiled_sigmoid_loss
 from ce_retrieval.utils.replicas import replica_sum
 
 #: the paper's initial temperature t = exp(log 10) and bias b

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from ce_retrieval.losses._masked import masked_logsumexp, mean_over_positives
 from ce_retrieval.losses.base import RetrievalLoss
+from ce_retrieval.losses.kernels.masked import masked_logsumexp, mean_over_positives
 from ce_retrieval.losses.registry import register
 from ce_retrieval.losses.relevance import IRRELEVANT, RELEVANT
 

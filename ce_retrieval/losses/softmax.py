@@ -20,14 +20,14 @@ With R = I this is exactly the paper's 1/N sum_i; with several positives per row
 its own term and the other positives of the row are in neither numerator nor partition function.
 Cross-example negatives make scores comparable across queries (global calibration, the paper's PR-AUC
 gain); the mining variants keep the hardest 50% as in the paper's experiments. Mining uses an exact
-radix selection of the k-th largest negative instead of a sort (``fast_paths.py``), so it costs a few
-counting passes; ties at the threshold are counted exactly. The pipeline is in ``softmax_core.py``.
+radix selection of the k-th largest negative instead of a sort (``kernels/fast_paths.py``), so it costs a few
+counting passes; ties at the threshold are counted exactly. The pipeline is in ``kernels/softmax.py``.
 
 Functional core (``ce_retrieval.losses.functional``): :func:`sampled_softmax`, :func:`stochastic_negative_mining`,
 :func:`cross_example_softmax`, :func:`cross_example_negative_mining`, each ``fn(relevance, scores, **hyper)``.
 
 Any batch size: ``loss.from_embeddings(Q, D, query_ids, doc_ids)`` computes the same loss on ``S = Q Dᵀ`` with
-relevance from ids, by the exact tiled path (``tiled.py``, no ``[N, M]`` matrix) when the constructor's
+relevance from ids, by the exact tiled path (``kernels/tiled.py``, no ``[N, M]`` matrix) when the constructor's
 ``tile_size=T`` is set or ``N·M > 2^26``, else densely; ``tile_size`` is in ``get_config`` when set.
 
 Every logit is a single entry ``s_ij`` of a query's row (or of the batch's negatives): a two-tower text × image
@@ -36,8 +36,9 @@ matrix is the intended input and no Gram matrix is needed (``needs_gram`` is fal
 
 from __future__ import annotations
 
+from ce_retrieval.losses.kernels.softmax import resolve_mining, softmax_loss
 from ce_retrieval.losses.registry import register
-from ce_retrieval.losses.softmax_core import SoftmaxFamilyLoss, resolve_mining, softmax_loss
+from ce_retrieval.losses.softmax_core import SoftmaxFamilyLoss
 
 #: the paper's mining setting: keep the hardest half of the negatives
 DEFAULT_NEGATIVE_FRACTION = 0.5

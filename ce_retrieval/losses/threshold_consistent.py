@@ -26,8 +26,8 @@ from __future__ import annotations
 import math
 import numbers
 
-from ce_retrieval.losses._masked import masked_mean, pair_masks
 from ce_retrieval.losses.base import RetrievalLoss
+from ce_retrieval.losses.kernels.masked import masked_mean, pair_masks
 from ce_retrieval.losses.registry import register
 
 

@@ -46,11 +46,11 @@ from __future__ import annotations
 import tensorflow as tf
 
 from ce_retrieval.losses import miners
-from ce_retrieval.losses._masked import masked_max, masked_mean, masked_min, pair_masks, row_any
 from ce_retrieval.losses._similarity import check_distance
 from ce_retrieval.losses._similarity import distance as distance_from_similarity
 from ce_retrieval.losses.base import RetrievalLoss
-from ce_retrieval.losses.fast_paths import count_below, over_positive_slots
+from ce_retrieval.losses.kernels.fast_paths import count_below, over_positive_slots
+from ce_retrieval.losses.kernels.masked import masked_max, masked_mean, masked_min, pair_masks, row_any
 from ce_retrieval.losses.registry import register
 
 MINING = ("all", "hard", "semi-hard")

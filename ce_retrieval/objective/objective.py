@@ -21,8 +21,8 @@ all call it; the Keras 3 layer (``ce_retrieval.keras.RetrievalObjectiveLayer``) 
 Paths and their memory (B global rows, R replicas, T tile width, d embedding width):
 
 * dense replicated: ``[B, B]`` on every replica (every registered loss);
-* tiled (``loss_tile_size``): O(B·T + B·d) per replica, the exact column-tiled softmax family (``tiled.py``);
-* sharded (``loss_partition: sharded``): ``[B/R, B]`` per replica (``sharded.py``), the softmax family
+* tiled (``loss_tile_size``): O(B·T + B·d) per replica, the exact column-tiled softmax family (``kernels/tiled.py``);
+* sharded (``loss_partition: sharded``): ``[B/R, B]`` per replica (``kernels/sharded.py``), the softmax family
   including the margin softmaxes; ``bidirectional`` is both directions' shares averaged (each replica's text rows
   against the gathered images, and its image rows against the gathered texts);
 * sharded + tiled: O(B/R·T + B·d) per replica; the cross-example partition function and the mining histograms

@@ -12,7 +12,7 @@ Two independent choices, each a declared capability of the loss (``RetrievalLoss
 
 ``train.loss_partition`` picks the row, ``train.loss_tile_size`` the column: ``0`` (dense, the default), a
 positive T, or ``"auto"`` (tiled with ``tiled.default_tile_size`` when the global ``B·B`` exceeds
-``softmax_core.TILED_THRESHOLD``, dense below it or for a loss without a tiled path). Every path gives the same
+``kernels.tiled.TILED_THRESHOLD``, dense below it or for a loss without a tiled path). Every path gives the same
 value and gradients (to float32 rounding); an impossible combination is refused with the alternatives named.
 """
 
@@ -21,8 +21,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from ce_retrieval import losses
-from ce_retrieval.losses.softmax_core import TILED_THRESHOLD
-from ce_retrieval.losses.tiled import default_tile_size
+from ce_retrieval.losses.kernels.tiled import TILED_THRESHOLD, default_tile_size
 
 LOSS_PARTITIONS = ("replicated", "sharded")
 #: ``loss_tile_size`` value that tiles only above :data:`TILED_THRESHOLD` logits.

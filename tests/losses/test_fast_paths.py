@@ -16,7 +16,7 @@ import reference as ref
 import tensorflow as tf
 
 from ce_retrieval.losses import AngularLoss, StochasticNegativeMining, TripletLoss, relevance_from_ids
-from ce_retrieval.losses.fast_paths import (
+from ce_retrieval.losses.kernels.fast_paths import (
     count_below,
     key_to_float32,
     kth_largest,

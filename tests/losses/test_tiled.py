@@ -1,6 +1,6 @@
 """The tiled softmax family (``ce_retrieval/losses/tiled.py``, issue #12) equals the dense path and a NumPy reference.
 
-Dense path: ``softmax_core.softmax_loss`` on ``S = Q Dᵀ`` with ``R`` from the ids. Reference: float64 NumPy, top-k by
+Dense path: ``kernels.softmax.softmax_loss`` on ``S = Q Dᵀ`` with ``R`` from the ids. Reference: float64 NumPy, top-k by
 a sort. Integer-valued embeddings with a power-of-two scale make every logit exact in both paths, so the cases
 have many exact ties at the mining threshold.
 """
@@ -17,9 +17,9 @@ import tensorflow as tf
 
 from ce_retrieval import losses
 from ce_retrieval.losses import functional
+from ce_retrieval.losses.kernels.softmax import softmax_loss
+from ce_retrieval.losses.kernels.tiled import default_tile_size, tiled_softmax_loss
 from ce_retrieval.losses.relevance import relevance_from_ids
-from ce_retrieval.losses.softmax_core import softmax_loss
-from ce_retrieval.losses.tiled import default_tile_size, tiled_softmax_loss
 
 MINING = {"all": {}, "fraction": {"negative_fraction": 0.3}, "top_k": {"top_k": 4}}
 

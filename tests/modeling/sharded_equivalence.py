@@ -31,8 +31,8 @@ from ce_retrieval.losses import (  # noqa: E402
     CrossExampleNegativeMining,
     relevance_from_ids,
 )
-from ce_retrieval.losses.sharded import sharded_softmax_loss  # noqa: E402
-from ce_retrieval.losses.softmax_core import softmax_loss  # noqa: E402
+from ce_retrieval.losses.kernels.sharded import sharded_softmax_loss  # noqa: E402
+from ce_retrieval.losses.kernels.softmax import softmax_loss  # noqa: E402
 from ce_retrieval.modeling import build_two_tower, gather_from_replicas  # noqa: E402
 
 # (name, cross_example, negative_fraction, top_k): the four losses, mining by fraction and by top_k

@@ -19,9 +19,10 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from ce_retrieval.losses import relevance_from_ids  # noqa: E402
-from ce_retrieval.losses.sharded import replica_sum, sharded_softmax_loss  # noqa: E402
-from ce_retrieval.losses.softmax_core import softmax_loss  # noqa: E402
+from ce_retrieval.losses.kernels.sharded import sharded_softmax_loss  # noqa: E402
+from ce_retrieval.losses.kernels.softmax import softmax_loss  # noqa: E402
 from ce_retrieval.modeling import gather_from_replicas  # noqa: E402
+from ce_retrieval.utils.replicas import replica_sum  # noqa: E402
 
 IDS = np.array([0, 0, 1, 2, 3, 3, 4, 5], np.int64)  # two positives per row, inside and across workers
 

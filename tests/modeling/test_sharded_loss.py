@@ -30,8 +30,8 @@ from ce_retrieval.losses import (
     StochasticNegativeMining,
     relevance_from_ids,
 )
-from ce_retrieval.losses.sharded import sharded_softmax_loss
-from ce_retrieval.losses.softmax_core import softmax_loss
+from ce_retrieval.losses.kernels.sharded import sharded_softmax_loss
+from ce_retrieval.losses.kernels.softmax import softmax_loss
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sharded_equivalence.py")
 REPLICA_COUNTS = (2, 4)

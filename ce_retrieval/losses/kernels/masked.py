@@ -1,7 +1,7 @@
-"""Masked reductions over a similarity matrix ``S [N, M]`` and a relevance matrix ``R`` in {-1, 0, 1} (private).
+"""Masked reductions over a similarity matrix ``S [N, M]`` and a relevance matrix ``R`` in {-1, 0, 1}.
 
 Every loss reduces with these, and with one mean: :func:`masked_mean` (``mean_over_positives`` is that mean
-over the positive pairs, the loss contract's default reduction). Distances from ``S`` are in ``_similarity``;
+over the positive pairs, the loss contract's default reduction). Distances from ``S`` are in ``losses/_similarity.py``;
 the speed paths (positive slots, sorted merges, radix selection) in ``fast_paths``.
 
 The reductions are written for XLA (no boolean indexing, no ragged shapes): masked entries are replaced by

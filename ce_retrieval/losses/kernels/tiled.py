@@ -1,4 +1,4 @@
-"""The softmax family (``softmax_core.py``) from embeddings, exact, without the ``[N, M]`` matrix: column tiles.
+"""The softmax family (``softmax.py``) from embeddings, exact, without the ``[N, M]`` matrix: column tiles.
 
 With logits ``l = λ·Q Dᵀ`` (``Q [N, d]`` queries, ``D [M, d]`` documents, embeddings *as given*: normalise them
 first for cosine logits) and relevance from ids (``R_ij = 1`` iff ``query_ids[i] == doc_ids[j]``, else 0; with
@@ -7,7 +7,7 @@ first for cosine logits) and relevance from ids (``R_ij = 1`` iff ``query_ids[i]
     loss = 1/|P| sum_{(i,j) in P} softplus(log Z_i - p_ij),   log Z_i = log sum_{s in Neg} w_s e^{s}
 
 with ``p_ij = l_ij``, or ``λ ψ(l_ij / λ)`` for the margin softmaxes (``margin_softmax.py``: ψ = L-Softmax's psi,
-A-Softmax, CosFace, ArcFace; margins touch positives only), exactly as :func:`softmax_core.softmax_loss` on
+A-Softmax, CosFace, ArcFace; margins touch positives only), exactly as :func:`softmax.softmax_loss` on
 ``S = Q Dᵀ``: ``Neg`` is row i's negatives (sampled, eq. 2) or all negatives of the batch (cross-example, eq. 5);
 ``w = 1``, or with mining the top-k weights (1 above the k-th largest negative t, ``(k - #{> t}) / #{== t}`` at t,
 0 below; eqs. 3 and 6).
@@ -51,7 +51,7 @@ import math
 
 import tensorflow as tf
 
-from ce_retrieval.losses.fast_paths import (
+from ce_retrieval.losses.kernels.fast_paths import (
     GLOBAL_PASSES,
     ROW_PASSES,
     _find_bin,
@@ -59,11 +59,14 @@ from ce_retrieval.losses.fast_paths import (
     key_to_float32,
     ordered_int32_key,
 )
-from ce_retrieval.losses.softmax_core import check_scale, resolve_mining
+from ce_retrieval.losses.kernels.softmax import check_scale, resolve_mining
 from ce_retrieval.utils.replicas import replica_sum, stack_from_replicas
 
 _NEG_INF = float("-inf")
 
+#: ``SoftmaxFamilyLoss.from_embeddings`` and ``loss_tile_size: auto`` tile by themselves above this many logits
+#: ``N·M`` (2^26: a 256 MiB matrix).
+TILED_THRESHOLD = 2**26
 #: Default tile width T when none is given (tuned at N = 8192, d = 128 on CPU, XLA: 256-512 fastest, 2048+ slower;
 #: benchmarks/scale/tiled.py --tile-sizes).
 DEFAULT_TILE_SIZE = 512

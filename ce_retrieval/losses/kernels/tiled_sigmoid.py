@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from ce_retrieval.losses.tiled import default_tile_size
+from ce_retrieval.losses.kernels.tiled import default_tile_size
 from ce_retrieval.utils.replicas import replica_sum
 
 

@@ -5,7 +5,7 @@ A global batch of B rows is split over R replicas; replica r holds its query row
 the gathered documents D (all B, ``gather_from_replicas``, differentiable). With logits l = λ S_r, S_r = Q_r Dᵀ
 (``[n, B]``), P the positive pairs of the whole batch and P_r those of replica r's rows:
 
-    L       = 1/|P| Σ_{(i,j) ∈ P} softplus(log Z_i - l_ij)                        (softmax_core.py)
+    L       = 1/|P| Σ_{(i,j) ∈ P} softplus(log Z_i - l_ij)                        (softmax.py)
     share_r = 1/|P| Σ_{(i,j) ∈ P_r} softplus(log Z_i - l_ij),   |P| = Σ_r |P_r|    (all-reduced, no gradient)
     Σ_r share_r = L
 
@@ -29,16 +29,22 @@ SUM all-reduce as gradient, placed for ``MultiWorkerMirroredStrategy``) of per-r
 (In TF 2.20 ``ReplicaContext.all_reduce`` is differentiable too for SUM/MEAN: its custom gradient all-reduces the
 upstream with the same op; for MAX that "gradient" would be wrong, which is why the maxima here are
 ``stop_gradient``-ed.) Outside a replica context, or with one replica, the share is the dense loss
-(``softmax_core.softmax_loss``).
+(``softmax.softmax_loss``).
 """
 
 from __future__ import annotations
 
 import tensorflow as tf
 
-from ce_retrieval.losses.fast_paths import GLOBAL_PASSES, _find_bin, _histogram, key_to_float32, ordered_int32_key
+from ce_retrieval.losses.kernels.fast_paths import (
+    GLOBAL_PASSES,
+    _find_bin,
+    _histogram,
+    key_to_float32,
+    ordered_int32_key,
+)
+from ce_retrieval.losses.kernels.softmax import check_scale, mining_k, negative_log_partition, resolve_mining
 from ce_retrieval.losses.relevance import IRRELEVANT, RELEVANT
-from ce_retrieval.losses.softmax_core import check_scale, mining_k, negative_log_partition, resolve_mining
 from ce_retrieval.utils.replicas import replica_sum, stack_from_replicas
 
 _NEG_INF = float("-inf")
@@ -62,7 +68,7 @@ def sharded_softmax_loss(
       cross_example: ``Neg`` = every negative of the global batch (eq. 5) instead of the row's (eq. 2).
       negative_fraction, top_k: mining (eqs. 3 and 6); at most one; ``None`` for both: every negative.
       positive_cosine: the margin of the margin softmaxes (``c -> ψ(c)`` on the positives' scores before ``scale``,
-        as in ``softmax_core.softmax_loss``); ``None``: no margin. Row-local, so it shards like the rest.
+        as in ``softmax.softmax_loss``); ``None``: no margin. Row-local, so it shards like the rest.
       owner: the name in error messages.
     """
     scale = check_scale(scale, owner)
