@@ -8,7 +8,6 @@ import pytest
 
 import ce_retrieval
 from ce_retrieval import configs
-from ce_retrieval.configs import base
 from ce_retrieval.utils import dataclass_yaml
 
 ROOT = pathlib.Path(ce_retrieval.__file__).parent
@@ -32,4 +31,4 @@ def test_no_import_from_the_configs_package(module):
 
 def test_public_imports_keep_working():
     for name in ("ConfigError", "from_dict", "load_yaml", "merge", "parse_override", "save_yaml", "to_dict"):
-        assert getattr(configs, name) is getattr(dataclass_yaml, name) is getattr(base, name)
+        assert getattr(configs, name) is getattr(dataclass_yaml, name)

@@ -13,9 +13,9 @@ import tensorflow as tf
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "modeling"))  # the modeling tests' helpers
 from modeling_fixtures import VOCAB, make_batch, tiny_config  # noqa: E402
 
-from ce_retrieval.configs.base import ConfigError, from_dict  # noqa: E402
 from ce_retrieval.configs.experiment import ExperimentConfig, LossConfig  # noqa: E402
 from ce_retrieval.tasks import RetrievalTask  # noqa: E402
+from ce_retrieval.utils.dataclass_yaml import ConfigError, from_dict  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -160,4 +160,4 @@ def global_kth_largest(
     return value[0], greater[0], equal[0]
 
 
-__all__ = ["global_kth_largest", "replica_sum", "sharded_softmax_loss"]
+__all__ = ["global_kth_largest", "sharded_softmax_loss"]

@@ -47,8 +47,6 @@ bits in every pass, which holds because every pass computes it by the same matmu
 
 from __future__ import annotations
 
-import math
-
 import tensorflow as tf
 
 from ce_retrieval.losses.kernels.fast_paths import (
@@ -428,14 +426,4 @@ def _count_docs_below(query_ids: tf.Tensor, doc_ids: tf.Tensor, inclusive: bool)
     return tf.gather(docs_so_far, query_position)
 
 
-def tiled_cost(num_queries: int, num_docs: int, tile_size: int | None = None) -> dict:
-    """Rough sizes for planning: the dense ``[N, M]`` float32 bytes and the tiled path's ``[N, T]`` tile bytes."""
-    tile = tile_size or default_tile_size(num_queries)
-    return {
-        "dense_matrix_bytes": 4 * num_queries * num_docs,
-        "tile_bytes": 4 * num_queries * min(tile, num_docs),
-        "num_tiles": math.ceil(num_docs / tile),
-    }
-
-
-__all__ = ["DEFAULT_TILE_SIZE", "MAX_TILE_ENTRIES", "default_tile_size", "tiled_cost", "tiled_softmax_loss"]
+__all__ = ["DEFAULT_TILE_SIZE", "MAX_TILE_ENTRIES", "TILED_THRESHOLD", "default_tile_size", "tiled_softmax_loss"]
