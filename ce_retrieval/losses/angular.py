@@ -119,21 +119,9 @@ class AngularLoss(RetrievalLoss):
     """Wang et al. (2017) angular loss on the Gram matrix ``S = E E^T`` (``needs_gram``); see module docstring."""
 
     function = angular
+    check = staticmethod(check_angular)
     supports_bidirectional = False
     needs_gram = True
-
-    def __init__(
-        self,
-        alpha: float = 40.0,
-        with_npair: bool = False,
-        npair_weight: float = 2.0,
-        positive_slots: int = 8,
-        **kwargs,
-    ):
-        options = check_angular(alpha, with_npair, npair_weight, positive_slots)
-        super().__init__(**kwargs)
-        for key, value in options.items():
-            setattr(self, key, value)
 
 
 __all__ = ["AngularLoss"]

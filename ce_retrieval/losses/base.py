@@ -7,8 +7,10 @@ scalar: the mean over positive pairs of a per-pair term. Each family's mathemati
 :mod:`ce_retrieval.losses.functional`); a Keras class names it as its ``function`` and its constructor arguments
 are the function's hyper-parameters, so :meth:`RetrievalLoss.compute` calls ``function(relevance, scores,
 **hyperparameters())`` and :meth:`RetrievalLoss.get_config` is read off the constructor's signature (no
-hand-written config). A subclass may override ``compute`` instead (on float32 tensors already validated). This
-base class owns everything else:
+hand-written config). The list of hyper-parameters is written once, in the function: a class that writes no
+``__init__`` gets one with the function's keyword arguments and defaults, validated by the class's ``check`` (the
+family's check function, shared with the function). A subclass may override ``compute`` instead (on float32
+tensors already validated). This base class owns everything else:
 
 * validation with clear errors (rank, shape, dtype, relevance values, no positive pair, non-finite scores and,
   for a loss that ``needs_gram``, a similarity matrix that is not the Gram matrix of one embedding set),
@@ -129,6 +131,20 @@ class RetrievalLoss(tf_keras.losses.Loss):
     #: :meth:`call` (and of ``sharded_share``, ``tiled_loss``), which the loss applies after its own transform.
     needs_cosine: bool = False
 
+    #: the family's validation, ``check(**hyperparameters, owner=class name)`` -> the values to store (a dict, or a
+    #: tuple in the function's order); ``None``: stored as given. Used by a class that writes no ``__init__``.
+    check = None
+
+    def __init_subclass__(cls, **kwargs):
+        """A subclass that names its ``function`` and neither writes nor inherits a constructor of its own gets one
+        whose hyper-parameters are the function's keyword arguments, with the function's defaults: each list is
+        written once, in the function."""
+        super().__init_subclass__(**kwargs)
+        inherited = cls.__init__  # RetrievalLoss's, or one built here: a class's own constructor is kept
+        plain = inherited is RetrievalLoss.__init__ or getattr(inherited, "from_function", False)
+        if "function" in vars(cls) and "__init__" not in vars(cls) and cls.function is not None and plain:
+            cls.__init__ = _constructor_of(cls.function)
+
     @classmethod
     def logit_scale_kwargs(cls, scale) -> dict:
         """Constructor kwargs that give this loss the logit scale λ = ``scale`` ({} for a loss without one); a
@@ -236,6 +252,37 @@ class RetrievalLoss(tf_keras.losses.Loss):
             config["bidirectional"] = self.bidirectional
         config.update(self.hyperparameters())
         return config
+
+
+def _constructor_of(function):
+    """``__init__(self, <function's hyper-parameters with their defaults>, **kwargs)``: validates them with the
+    class's ``check``, passes ``**kwargs`` (``bidirectional``, ``name``, ``reduction``) to :class:`RetrievalLoss`
+    and stores each hyper-parameter under its own name (which ``hyperparameters`` and ``get_config`` read)."""
+    parameters = list(inspect.signature(function).parameters.values())[2:]  # after (relevance, scores)
+    signature = inspect.Signature(
+        [
+            inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+            *(p.replace(kind=inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in parameters),
+            inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD),
+        ]
+    )
+
+    def __init__(self, *args, **kwargs):
+        bound = signature.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        hyper = {p.name: bound.arguments[p.name] for p in parameters}
+        check = type(self).check
+        if check is not None:
+            values = check(**hyper, owner=type(self).__name__)
+            hyper = values if isinstance(values, dict) else dict(zip(hyper, values, strict=True))
+        RetrievalLoss.__init__(self, **bound.arguments["kwargs"])
+        for key, value in hyper.items():
+            setattr(self, key, value)
+
+    __init__.__signature__ = signature
+    __init__.from_function = True
+    __init__.__doc__ = f"The hyper-parameters of ``{function.__name__}`` (its signature and defaults)."
+    return __init__
 
 
 __all__ = [

@@ -43,11 +43,7 @@ class BinomialDevianceLoss(RetrievalLoss):
     """Yi et al. (2014): ``mean_P softplus(-a(s-b)) + mean_N softplus(a C (s-b))``; see module docstring."""
 
     function = binomial_deviance
-
-    def __init__(self, alpha: float = 2.0, beta: float = 0.5, negative_cost: float = 25.0, **kwargs):
-        alpha, beta, negative_cost = _check(alpha, beta, negative_cost, "BinomialDevianceLoss")
-        super().__init__(**kwargs)
-        self.alpha, self.beta, self.negative_cost = alpha, beta, negative_cost
+    check = staticmethod(_check)
 
 
 __all__ = ["BinomialDevianceLoss"]

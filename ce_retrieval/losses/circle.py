@@ -50,11 +50,7 @@ class CircleLoss(RetrievalLoss):
     """Sun et al. (2020) with relaxation ``m`` and scale ``gamma``; see module docstring."""
 
     function = circle
-
-    def __init__(self, margin: float = 0.25, gamma: float = 256.0, **kwargs):
-        margin, gamma = _check(margin, gamma, "CircleLoss")
-        super().__init__(**kwargs)
-        self.margin, self.gamma = margin, gamma
+    check = staticmethod(_check)
 
 
 __all__ = ["CircleLoss"]

@@ -93,14 +93,7 @@ class LMNNLoss(RetrievalLoss):
     """LMNN pull/push objective; see the module docstring for the equation and target selection."""
 
     function = lmnn
-
-    def __init__(
-        self, k: int | None = 3, margin: float = 1.0, push_weight: float = 0.5, similarity: str = "cosine", **kwargs
-    ):
-        super().__init__(**kwargs)
-        self.k, self.margin, self.push_weight, self.similarity = check_lmnn(
-            k, margin, push_weight, similarity, "LMNNLoss"
-        )
+    check = staticmethod(check_lmnn)
 
 
 __all__ = ["LMNNLoss", "lmnn_target_relevance"]

@@ -62,20 +62,7 @@ class MultiSimilarityLoss(RetrievalLoss):
     """Wang et al. (2019) with MS pair mining; see module docstring."""
 
     function = multi_similarity
-
-    def __init__(
-        self,
-        alpha: float = 2.0,
-        beta: float = 50.0,
-        lambda_: float = 0.5,
-        epsilon: float = 0.1,
-        mining: bool = True,
-        **kwargs,
-    ):
-        alpha, beta, lambda_, epsilon, mining = _check(alpha, beta, lambda_, epsilon, mining, "MultiSimilarityLoss")
-        super().__init__(**kwargs)
-        self.alpha, self.beta, self.lambda_ = alpha, beta, lambda_
-        self.epsilon, self.mining = epsilon, mining
+    check = staticmethod(_check)
 
 
 __all__ = ["MultiSimilarityLoss"]

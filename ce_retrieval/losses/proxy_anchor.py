@@ -47,12 +47,9 @@ class ProxyAnchorLoss(RetrievalLoss):
     """Proxy Anchor on cosine similarities; ``alpha`` (scale α) and ``delta`` (margin δ) as in the paper."""
 
     function = proxy_anchor
+    check = staticmethod(check_proxy_anchor)
     supports_bidirectional = False
     needs_proxies = True
-
-    def __init__(self, alpha: float = 32.0, delta: float = 0.1, **kwargs):
-        super().__init__(**kwargs)
-        self.alpha, self.delta = check_proxy_anchor(alpha, delta, "ProxyAnchorLoss")
 
 
 __all__ = ["ProxyAnchorLoss"]

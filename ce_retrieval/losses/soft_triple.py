@@ -69,16 +69,9 @@ class SoftTripleLoss(RetrievalLoss):
     """SoftTriple on ``[N, C·K]`` cosines; see the module docstring."""
 
     function = soft_triple
+    check = staticmethod(check_soft_triple)
     supports_bidirectional = False
     needs_proxies = True
-
-    def __init__(
-        self, proxies_per_class: int = 10, la: float = 20.0, gamma: float = 0.1, delta: float = 0.01, **kwargs
-    ):
-        super().__init__(**kwargs)
-        self.proxies_per_class, self.la, self.gamma, self.delta = check_soft_triple(
-            proxies_per_class, la, gamma, delta, "SoftTripleLoss"
-        )
 
 
 __all__ = ["SoftTripleLoss"]

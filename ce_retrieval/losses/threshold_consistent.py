@@ -77,19 +77,8 @@ class ThresholdConsistentMargin(RetrievalLoss):
     """
 
     function = threshold_consistent_margin
+    check = staticmethod(_check)
     supports_bidirectional = False  # the sums over S equal those over Sᵀ
-
-    def __init__(
-        self,
-        margin_plus: float = 0.9,
-        margin_minus: float = 0.5,
-        weight_plus: float = 1.0,
-        weight_minus: float = 1.0,
-        **kwargs,
-    ):
-        values = _check(margin_plus, margin_minus, weight_plus, weight_minus, "ThresholdConsistentMargin")
-        super().__init__(**kwargs)
-        self.margin_plus, self.margin_minus, self.weight_plus, self.weight_minus = values
 
 
 __all__ = ["ThresholdConsistentMargin"]

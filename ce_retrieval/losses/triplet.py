@@ -192,24 +192,7 @@ class TripletLoss(RetrievalLoss):
     """FaceNet triplet loss ``[m + D(a,p) - D(a,n)]_+`` on S; see the module docstring for every option."""
 
     function = triplet
-
-    def __init__(
-        self,
-        margin: float = 0.2,
-        mining: str = "all",
-        distance: str = "squared_euclidean",
-        positive_mining: str = "all",
-        max_violation: bool = False,
-        average_nonzero: bool = False,
-        positive_slots: int = 8,
-        **kwargs,
-    ):
-        options = check_triplet(
-            margin, mining, distance, positive_mining, max_violation, average_nonzero, positive_slots
-        )
-        super().__init__(**kwargs)
-        for key, value in options.items():
-            setattr(self, key, value)
+    check = staticmethod(check_triplet)
 
 
 __all__ = ["TripletLoss"]
