@@ -275,21 +275,19 @@ def export_trained(cfg, model, export_dir: str):
     return export_model(model, export_dir, metadata=metadata)
 
 
-SIGLIP_INIT = (10.0, -10.0)  # SigLIP's learned temperature t and bias b start here (configs/synthetic_siglip.yaml)
-
-
 def _baseline_model(model_cfg, baseline: str):
     """The model config of the baseline: the same, less a logit bias its loss does not have (a SigLIP run's
     ``model.logit_bias`` belongs to the sigmoid loss; a softmax baseline refuses it); a loss with a bias (SigLIP)
-    that the configured model lacks gets SigLIP's learned form, t and b from :data:`SIGLIP_INIT`."""
+    that the configured model lacks gets SigLIP's learned form, starting at SigLIP's t and b
+    (``losses.sigmoid.SIGLIP_SCALE``, ``SIGLIP_BIAS``)."""
     from ce_retrieval import losses
+    from ce_retrieval.losses.sigmoid import SIGLIP_BIAS, SIGLIP_SCALE
 
     if losses.lookup(baseline).has_logit_bias:
         if model_cfg.logit_bias is not None:
             return model_cfg
-        t, b = SIGLIP_INIT
         return dataclasses.replace(
-            model_cfg, logit_scale=t, learn_logit_scale=True, logit_bias=b, learn_logit_bias=True
+            model_cfg, logit_scale=SIGLIP_SCALE, learn_logit_scale=True, logit_bias=SIGLIP_BIAS, learn_logit_bias=True
         )
     return dataclasses.replace(model_cfg, logit_bias=None, learn_logit_bias=False)
 

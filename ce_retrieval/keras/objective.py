@@ -22,6 +22,7 @@ import tensorflow as tf
 from ce_retrieval import losses as _losses
 from ce_retrieval.keras._backend import require_tensorflow_backend
 from ce_retrieval.objective import LogitBias, LogitScale, RetrievalObjective
+from ce_retrieval.objective.logit_scale import DEFAULT_LOGIT_SCALE, DEFAULT_MAX_LOGIT_SCALE
 
 
 @keras.saving.register_keras_serializable(package="ce_retrieval")
@@ -41,9 +42,9 @@ class RetrievalObjectiveLayer(keras.layers.Layer):
         self,
         loss: str = "CrossExampleSoftmax",
         loss_kwargs: dict | None = None,
-        logit_scale: float = 20.0,
+        logit_scale: float = DEFAULT_LOGIT_SCALE,
         learn_logit_scale: bool = False,
-        max_logit_scale: float = 100.0,
+        max_logit_scale: float = DEFAULT_MAX_LOGIT_SCALE,
         partition: str = "replicated",
         tile_size: int | str = 0,
         normalize: bool = True,

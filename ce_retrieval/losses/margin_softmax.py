@@ -56,7 +56,7 @@ import tensorflow as tf
 import tf_keras
 
 from ce_retrieval.losses.base import RetrievalLoss
-from ce_retrieval.losses.kernels.softmax import softmax_loss
+from ce_retrieval.losses.kernels.softmax import DEFAULT_LOGIT_SCALE, softmax_loss
 from ce_retrieval.losses.registry import register
 from ce_retrieval.losses.softmax_core import SoftmaxFamilyLoss
 
@@ -107,7 +107,9 @@ def arcface_cosine(cosine: tf.Tensor, m: float) -> tf.Tensor:
     return tf.where(c > math.cos(math.pi - m), shifted, c - m * math.sin(m))
 
 
-def large_margin_softmax(relevance, scores, margin: int = 2, scale: float = 20.0, cross_example: bool = False):
+def large_margin_softmax(
+    relevance, scores, margin: int = 2, scale: float = DEFAULT_LOGIT_SCALE, cross_example: bool = False
+):
     """L-Softmax: positive logit ``scale * psi_m(theta)`` (integer ``margin`` m >= 1)."""
     m = _check_margin(margin, "large_margin_softmax", integer=True)
     return softmax_loss(
@@ -115,7 +117,9 @@ def large_margin_softmax(relevance, scores, margin: int = 2, scale: float = 20.0
     )
 
 
-def angular_softmax(relevance, scores, margin: int = 4, lambda_=5.0, scale: float = 20.0, cross_example: bool = False):
+def angular_softmax(
+    relevance, scores, margin: int = 4, lambda_=5.0, scale: float = DEFAULT_LOGIT_SCALE, cross_example: bool = False
+):
     """A-Softmax: positive logit ``scale * (lambda cos(theta) + psi_m(theta)) / (1 + lambda)``; ``lambda_`` is the
     annealed weight (a number or a tensor; the class computes it from its step; 5 is SphereFace's final value)."""
     m = _check_margin(margin, "angular_softmax", integer=True)
@@ -129,7 +133,9 @@ def angular_softmax(relevance, scores, margin: int = 4, lambda_=5.0, scale: floa
     )
 
 
-def additive_margin_softmax(relevance, scores, margin: float = 0.35, scale: float = 20.0, cross_example: bool = False):
+def additive_margin_softmax(
+    relevance, scores, margin: float = 0.35, scale: float = DEFAULT_LOGIT_SCALE, cross_example: bool = False
+):
     """CosFace / AM-Softmax: positive logit ``scale * (cos(theta) - m)``."""
     m = _check_margin(margin, "additive_margin_softmax", integer=False)
     return softmax_loss(
@@ -137,7 +143,9 @@ def additive_margin_softmax(relevance, scores, margin: float = 0.35, scale: floa
     )
 
 
-def arc_margin_softmax(relevance, scores, margin: float = 0.5, scale: float = 20.0, cross_example: bool = False):
+def arc_margin_softmax(
+    relevance, scores, margin: float = 0.5, scale: float = DEFAULT_LOGIT_SCALE, cross_example: bool = False
+):
     """ArcFace: positive logit ``scale * cos(theta + m)`` (``m`` in [0, pi/2))."""
     m = _check_margin(margin, "arc_margin_softmax", integer=False, upper=math.pi / 2)
     return softmax_loss(
@@ -162,7 +170,7 @@ class _MarginSoftmax(SoftmaxFamilyLoss):
     def __init__(
         self,
         margin=None,
-        scale: float = 20.0,
+        scale: float = DEFAULT_LOGIT_SCALE,
         cross_example: bool = False,
         bidirectional: bool = False,
         name: str | None = None,
@@ -221,7 +229,7 @@ class AngularSoftmax(_MarginSoftmax):
         lambda_gamma: float = 0.12,
         lambda_power: float = 1.0,
         lambda_min: float = 5.0,
-        scale: float = 20.0,
+        scale: float = DEFAULT_LOGIT_SCALE,
         cross_example: bool = False,
         bidirectional: bool = False,
         name: str | None = None,

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from ce_retrieval.losses.kernels.softmax import check_scale, softmax_loss
+from ce_retrieval.losses.kernels.softmax import DEFAULT_LOGIT_SCALE, check_scale, softmax_loss
 from ce_retrieval.losses.registry import register
 from ce_retrieval.losses.softmax_core import SoftmaxFamilyLoss
 
@@ -36,7 +36,7 @@ def check_cross_weight(cross_weight, owner: str) -> float:
     return float(cross_weight)
 
 
-def mixed_softmax(relevance, scores, scale: float = 20.0, cross_weight=0.5) -> tf.Tensor:
+def mixed_softmax(relevance, scores, scale: float = DEFAULT_LOGIT_SCALE, cross_weight=0.5) -> tf.Tensor:
     """``(1 − α) · L_row + α · L_cross`` on logits ``scale · S`` (module docstring); ``cross_weight`` α is a number
     in [0, 1] or a scalar tensor (the warmed-up value)."""
     owner = "mixed_softmax"
@@ -70,7 +70,7 @@ class MixedSoftmax(SoftmaxFamilyLoss):
         self,
         cross_weight: float = 0.5,
         warmup_steps: int = 0,
-        scale: float = 20.0,
+        scale: float = DEFAULT_LOGIT_SCALE,
         bidirectional: bool = False,
         name: str | None = None,
         **kwargs,

@@ -36,7 +36,7 @@ matrix is the intended input and no Gram matrix is needed (``needs_gram`` is fal
 
 from __future__ import annotations
 
-from ce_retrieval.losses.kernels.softmax import resolve_mining, softmax_loss
+from ce_retrieval.losses.kernels.softmax import DEFAULT_LOGIT_SCALE, resolve_mining, softmax_loss
 from ce_retrieval.losses.registry import register
 from ce_retrieval.losses.softmax_core import SoftmaxFamilyLoss
 
@@ -44,13 +44,17 @@ from ce_retrieval.losses.softmax_core import SoftmaxFamilyLoss
 DEFAULT_NEGATIVE_FRACTION = 0.5
 
 
-def sampled_softmax(relevance, scores, scale: float = 20.0):
+def sampled_softmax(relevance, scores, scale: float = DEFAULT_LOGIT_SCALE):
     """Eq. (2): each positive pair against the negatives of its own row, logits ``scale * S``."""
     return softmax_loss(relevance, scores, scale, cross_example=False, owner="sampled_softmax")
 
 
 def stochastic_negative_mining(
-    relevance, scores, scale: float = 20.0, negative_fraction: float | None = None, top_k: int | None = None
+    relevance,
+    scores,
+    scale: float = DEFAULT_LOGIT_SCALE,
+    negative_fraction: float | None = None,
+    top_k: int | None = None,
 ):
     """Eq. (3): each positive pair against the top ``ceil(f * n_i)`` (or ``min(top_k, n_i)``) negatives of its row;
     ``f`` defaults to 0.5."""
@@ -58,13 +62,17 @@ def stochastic_negative_mining(
     return softmax_loss(relevance, scores, scale, False, fraction, top_k, owner="stochastic_negative_mining")
 
 
-def cross_example_softmax(relevance, scores, scale: float = 20.0):
+def cross_example_softmax(relevance, scores, scale: float = DEFAULT_LOGIT_SCALE):
     """Eq. (5): each positive pair against every negative of the batch (cross-example negatives)."""
     return softmax_loss(relevance, scores, scale, cross_example=True, owner="cross_example_softmax")
 
 
 def cross_example_negative_mining(
-    relevance, scores, scale: float = 20.0, negative_fraction: float | None = None, top_k: int | None = None
+    relevance,
+    scores,
+    scale: float = DEFAULT_LOGIT_SCALE,
+    negative_fraction: float | None = None,
+    top_k: int | None = None,
 ):
     """Eq. (6): each positive pair against the top ``ceil(f * n)`` (or ``min(top_k, n)``) negatives of the whole
     batch; ``f`` defaults to 0.5."""
@@ -84,7 +92,9 @@ class SampledSoftmax(SoftmaxFamilyLoss):
 
     function = sampled_softmax
 
-    def __init__(self, scale: float = 20.0, bidirectional: bool = False, name: str | None = None, **kwargs):
+    def __init__(
+        self, scale: float = DEFAULT_LOGIT_SCALE, bidirectional: bool = False, name: str | None = None, **kwargs
+    ):
         super().__init__(scale=scale, cross_example=False, bidirectional=bidirectional, name=name, **kwargs)
 
 
@@ -96,7 +106,7 @@ class _NegativeMiningSoftmax(SoftmaxFamilyLoss):
 
     def __init__(
         self,
-        scale: float = 20.0,
+        scale: float = DEFAULT_LOGIT_SCALE,
         negative_fraction: float | None = None,
         top_k: int | None = None,
         bidirectional: bool = False,
@@ -140,7 +150,9 @@ class CrossExampleSoftmax(SoftmaxFamilyLoss):
 
     function = cross_example_softmax
 
-    def __init__(self, scale: float = 20.0, bidirectional: bool = False, name: str | None = None, **kwargs):
+    def __init__(
+        self, scale: float = DEFAULT_LOGIT_SCALE, bidirectional: bool = False, name: str | None = None, **kwargs
+    ):
         super().__init__(scale=scale, cross_example=True, bidirectional=bidirectional, name=name, **kwargs)
 
 

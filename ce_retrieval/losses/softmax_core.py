@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from ce_retrieval.losses.base import RetrievalLoss
 from ce_retrieval.losses.kernels.sharded import sharded_softmax_loss
-from ce_retrieval.losses.kernels.softmax import check_scale, resolve_mining, softmax_loss
+from ce_retrieval.losses.kernels.softmax import DEFAULT_LOGIT_SCALE, check_scale, resolve_mining, softmax_loss
 from ce_retrieval.losses.kernels.tiled import TILED_THRESHOLD, tiled_softmax_loss
 from ce_retrieval.losses.relevance import relevance_from_ids
 
@@ -38,7 +38,7 @@ class SoftmaxFamilyLoss(RetrievalLoss):
 
     def __init__(
         self,
-        scale: float = 20.0,
+        scale: float = DEFAULT_LOGIT_SCALE,
         cross_example: bool = False,
         negative_fraction: float | None = None,
         top_k: int | None = None,

@@ -22,6 +22,7 @@ import dataclasses
 import math
 from dataclasses import field
 
+from ce_retrieval.objective.logit_scale import DEFAULT_LOGIT_SCALE, DEFAULT_MAX_LOGIT_SCALE
 from ce_retrieval.utils.dataclass_yaml import from_dict
 
 TEXT_KINDS = ("bert", "hub")
@@ -184,9 +185,9 @@ class ModelConfig:
     text: TextTowerConfig = field(default_factory=TextTowerConfig)
     image: ImageTowerConfig = field(default_factory=ImageTowerConfig)
     embedding_dim: int = 128
-    logit_scale: float = 20.0
+    logit_scale: float = DEFAULT_LOGIT_SCALE
     learn_logit_scale: bool = False
-    max_logit_scale: float = 100.0
+    max_logit_scale: float = DEFAULT_MAX_LOGIT_SCALE
     logit_bias: float | None = None
     learn_logit_bias: bool = False
 

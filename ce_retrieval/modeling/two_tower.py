@@ -57,6 +57,7 @@ from ce_retrieval.modeling import grad_cache
 from ce_retrieval.modeling.augmentation import ImageAugmentation
 from ce_retrieval.modeling.text_tower import Tower
 from ce_retrieval.objective import LogitBias, LogitScale, RetrievalObjective
+from ce_retrieval.objective.logit_scale import DEFAULT_LOGIT_SCALE, DEFAULT_MAX_LOGIT_SCALE
 from ce_retrieval.utils.replicas import num_replicas
 
 BAD_BATCH_POLICIES = ("stop", "skip")
@@ -86,9 +87,9 @@ class TwoTowerModel(tf_keras.Model):
         text_tower: Tower,
         image_tower: Tower,
         augmentation: ImageAugmentation | None = None,
-        logit_scale: float = 20.0,
+        logit_scale: float = DEFAULT_LOGIT_SCALE,
         learn_logit_scale: bool = False,
-        max_logit_scale: float = 100.0,
+        max_logit_scale: float = DEFAULT_MAX_LOGIT_SCALE,
         logit_bias: float | None = None,
         learn_logit_bias: bool = False,
         name: str = "two_tower",

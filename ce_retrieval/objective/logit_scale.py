@@ -15,6 +15,11 @@ import math
 
 import tensorflow as tf
 
+from ce_retrieval.losses.kernels.softmax import DEFAULT_LOGIT_SCALE
+
+#: λ_max, the cap of a learned λ (CLIP's 100).
+DEFAULT_MAX_LOGIT_SCALE = 100.0
+
 
 class LogitScale:
     """λ, fixed or learned (module docstring).
@@ -26,7 +31,13 @@ class LogitScale:
       variable: the float32 scalar variable holding ``s`` (learned only; created when not given).
     """
 
-    def __init__(self, initial: float = 20.0, learn: bool = False, maximum: float = 100.0, variable=None):
+    def __init__(
+        self,
+        initial: float = DEFAULT_LOGIT_SCALE,
+        learn: bool = False,
+        maximum: float = DEFAULT_MAX_LOGIT_SCALE,
+        variable=None,
+    ):
         for label, value in (("logit_scale", initial), ("max_logit_scale", maximum)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
                 raise ValueError(f"{label} must be a positive finite number, got {value!r}")
@@ -48,4 +59,4 @@ class LogitScale:
         return [self.variable] if self.learn else []
 
 
-__all__ = ["LogitScale"]
+__all__ = ["DEFAULT_LOGIT_SCALE", "DEFAULT_MAX_LOGIT_SCALE", "LogitScale"]

@@ -39,7 +39,7 @@ import tf_keras
 from ce_retrieval.losses.relevance import relevance_from_ids
 from ce_retrieval.objective import batch_metrics, paths
 from ce_retrieval.objective.logit_bias import LogitBias
-from ce_retrieval.objective.logit_scale import LogitScale
+from ce_retrieval.objective.logit_scale import DEFAULT_LOGIT_SCALE, DEFAULT_MAX_LOGIT_SCALE, LogitScale
 from ce_retrieval.utils.replicas import gather_from_replicas, num_replicas
 
 
@@ -71,9 +71,9 @@ class RetrievalObjective:
     def __init__(
         self,
         loss,
-        logit_scale: float | LogitScale = 20.0,
+        logit_scale: float | LogitScale = DEFAULT_LOGIT_SCALE,
         learn_logit_scale: bool = False,
-        max_logit_scale: float = 100.0,
+        max_logit_scale: float = DEFAULT_MAX_LOGIT_SCALE,
         partition: str = "replicated",
         tile_size: int | str = 0,
         logit_bias: float | LogitBias | None = None,

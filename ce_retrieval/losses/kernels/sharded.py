@@ -43,7 +43,13 @@ from ce_retrieval.losses.kernels.fast_paths import (
     key_to_float32,
     ordered_int32_key,
 )
-from ce_retrieval.losses.kernels.softmax import check_scale, mining_k, negative_log_partition, resolve_mining
+from ce_retrieval.losses.kernels.softmax import (
+    DEFAULT_LOGIT_SCALE,
+    check_scale,
+    mining_k,
+    negative_log_partition,
+    resolve_mining,
+)
 from ce_retrieval.losses.relevance import IRRELEVANT, RELEVANT
 from ce_retrieval.utils.replicas import replica_sum, stack_from_replicas
 
@@ -53,7 +59,7 @@ _NEG_INF = float("-inf")
 def sharded_softmax_loss(
     relevance_local: tf.Tensor,
     scores_local: tf.Tensor,
-    scale: float = 20.0,
+    scale: float = DEFAULT_LOGIT_SCALE,
     cross_example: bool = False,
     negative_fraction: float | None = None,
     top_k: int | None = None,

@@ -38,6 +38,10 @@ from ce_retrieval.losses.relevance import IRRELEVANT
 
 _NEG_INF = float("-inf")
 
+#: λ of the logits ``λ·S`` when none is given: the paper's value on cosine similarities. The one place the
+#: number is written: the losses' defaults and the objective's (``ce_retrieval.objective.logit_scale``) read it.
+DEFAULT_LOGIT_SCALE = 20.0
+
 
 def check_scale(scale, owner: str) -> float | tf.Tensor:
     """``scale`` as a float if it is a positive finite number, a scalar tensor (a learned λ, positive by
@@ -125,7 +129,7 @@ def softmax_pair_loss(positive_logits, log_partition, relevance) -> tf.Tensor:
 def softmax_loss(
     relevance,
     scores,
-    scale: float = 20.0,
+    scale: float = DEFAULT_LOGIT_SCALE,
     cross_example: bool = False,
     negative_fraction: float | None = None,
     top_k: int | None = None,
@@ -153,6 +157,7 @@ def softmax_loss(
 
 
 __all__ = [
+    "DEFAULT_LOGIT_SCALE",
     "check_scale",
     "mining_k",
     "negative_log_partition",

@@ -57,7 +57,7 @@ from ce_retrieval.losses.kernels.fast_paths import (
     key_to_float32,
     ordered_int32_key,
 )
-from ce_retrieval.losses.kernels.softmax import check_scale, resolve_mining
+from ce_retrieval.losses.kernels.softmax import DEFAULT_LOGIT_SCALE, check_scale, resolve_mining
 from ce_retrieval.utils.replicas import replica_sum, stack_from_replicas
 
 _NEG_INF = float("-inf")
@@ -86,7 +86,7 @@ def tiled_softmax_loss(
     doc_emb,
     query_ids,
     doc_ids,
-    scale: float = 20.0,
+    scale: float = DEFAULT_LOGIT_SCALE,
     cross_example: bool = False,
     negative_fraction: float | None = None,
     top_k: int | None = None,
