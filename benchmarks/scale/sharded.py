@@ -7,7 +7,7 @@ One step is the loss part of a training step on a global batch of N rows split o
 * ``replicated``: gather Q, D and ids, every replica computes the global ``[N, N]`` loss L and differentiates L/R
   (``TwoTowerModel``'s default, ``train.loss_partition=replicated``);
 * ``sharded``: gather D and ids only, replica r computes its ``[N/R, N]`` rows' share
-  (``ce_retrieval.losses.sharded``, ``train.loss_partition=sharded``);
+  (``ce_retrieval.losses.kernels.sharded``, ``train.loss_partition=sharded``);
 * ``one device``: the dense loss on the whole batch (R = 1; both modes are the same there).
 
 R replicas are R logical CPU devices of this one machine (``MirroredStrategy``): they share the same cores, so

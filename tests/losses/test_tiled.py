@@ -1,4 +1,5 @@
-"""The tiled softmax family (``ce_retrieval/losses/tiled.py``, issue #12) equals the dense path and a NumPy reference.
+"""The tiled softmax family (``ce_retrieval/losses/kernels/tiled.py``, issue #12) equals the dense path and a NumPy
+reference.
 
 Dense path: ``kernels.softmax.softmax_loss`` on ``S = Q Dᵀ`` with ``R`` from the ids. Reference: float64 NumPy, top-k by
 a sort. Integer-valued embeddings with a power-of-two scale make every logit exact in both paths, so the cases

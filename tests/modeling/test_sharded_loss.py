@@ -1,4 +1,4 @@
-"""The loss sharded over replicas (``ce_retrieval.losses.sharded``, ``train.loss_partition=sharded``).
+"""The loss sharded over replicas (``ce_retrieval.losses.kernels.sharded``, ``train.loss_partition=sharded``).
 
 Multi-replica checks run tests/modeling/sharded_equivalence.py in two subprocesses started together (2 and 4
 logical CPUs; logical devices must be set before any op runs): for the four softmax-family losses (mining by
