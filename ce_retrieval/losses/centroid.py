@@ -27,9 +27,14 @@ from ce_retrieval.losses.registry import register
 from ce_retrieval.losses.relevance import IRRELEVANT
 
 
+def _check(similarity, epsilon, owner: str) -> tuple[str, float]:
+    return check_similarity(similarity, owner), float(epsilon)
+
+
 def centroid_upper_bound(relevance, scores, similarity: str = "cosine", epsilon: float = 1e-12):
     """The bracket of ``L_u`` (module docstring), mean over positive (example, centroid) pairs."""
-    dist = distance(scores, "euclidean", check_similarity(similarity, "centroid_upper_bound"), float(epsilon))
+    similarity, epsilon = _check(similarity, epsilon, "centroid_upper_bound")
+    dist = distance(scores, "euclidean", similarity, epsilon)
     negative = tf.cast(relevance == IRRELEVANT, tf.float32)
     num_neg = tf.reduce_sum(negative, axis=1, keepdims=True)
     mean_neg = tf.reduce_sum(dist * negative, axis=1, keepdims=True) / tf.maximum(num_neg, 1.0)
@@ -41,13 +46,9 @@ class CentroidUpperBoundLoss(RetrievalLoss):
     """Triplet upper bound through fixed centroids; see the module docstring."""
 
     function = centroid_upper_bound
+    check = staticmethod(_check)
     supports_bidirectional = False
     needs_proxies = True
-
-    def __init__(self, similarity: str = "cosine", epsilon: float = 1e-12, **kwargs):
-        super().__init__(**kwargs)
-        self.similarity = check_similarity(similarity, "CentroidUpperBoundLoss")
-        self.epsilon = float(epsilon)
 
 
 __all__ = ["CentroidUpperBoundLoss"]

@@ -26,15 +26,15 @@ from ce_retrieval.losses.kernels.masked import masked_mean, pair_masks
 from ce_retrieval.losses.registry import register
 
 
-def _check_margin(margin, owner: str) -> float:
+def _check(margin, balanced, owner: str) -> tuple[float, bool]:
     if not margin > 0:
         raise ValueError(f"{owner}: margin must be > 0, got {margin}")
-    return float(margin)
+    return float(margin), bool(balanced)
 
 
 def contrastive(relevance, scores, margin: float = 1.0, balanced: bool = False):
     """Hadsell et al. (2006): ``1/2 d^2`` for positives, ``1/2 [m - d]_+^2`` for negatives (module docstring)."""
-    margin = _check_margin(margin, "contrastive")
+    margin, balanced = _check(margin, balanced, "contrastive")
     positive, negative = pair_masks(relevance)
     pull = 0.5 * squared_distance(scores)
     push = 0.5 * tf.square(tf.nn.relu(margin - distance(scores, "euclidean")))
@@ -49,12 +49,7 @@ class ContrastiveLoss(RetrievalLoss):
     """Hadsell et al. (2006): ``1/2 d^2`` for positives, ``1/2 [m - d]_+^2`` for negatives (see module doc)."""
 
     function = contrastive
-
-    def __init__(self, margin: float = 1.0, balanced: bool = False, **kwargs):
-        margin = _check_margin(margin, "ContrastiveLoss")
-        super().__init__(**kwargs)
-        self.margin = margin
-        self.balanced = bool(balanced)
+    check = staticmethod(_check)
 
 
 __all__ = ["ContrastiveLoss"]

@@ -32,6 +32,10 @@ from ce_retrieval.losses.kernels.masked import logaddexp, masked_logsumexp, mask
 from ce_retrieval.losses.registry import register
 
 
+def _check(margin, owner: str) -> tuple[float]:
+    return (float(margin),)
+
+
 def lifted_structure(relevance, scores, margin: float = 1.0):
     """``1/(2|P|) sum_{(i,j) in P} [log(sum_{Neg(i)} e^{a-D_ik} + sum_{Neg(j)} e^{a-D_lj}) + D_ij]_+^2``."""
     positive, negative = pair_masks(relevance)
@@ -48,10 +52,7 @@ class LiftedStructureLoss(RetrievalLoss):
     """Oh Song et al. (2016): ``1/(2|P|) sum [log(sum e^{a-D_ik} + sum e^{a-D_jl}) + D_ij]_+^2``."""
 
     function = lifted_structure
-
-    def __init__(self, margin: float = 1.0, **kwargs):
-        super().__init__(**kwargs)
-        self.margin = float(margin)
+    check = staticmethod(_check)
 
 
 __all__ = ["LiftedStructureLoss"]
