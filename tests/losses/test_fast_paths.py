@@ -1,4 +1,4 @@
-"""The speed paths of ``ce_retrieval.losses.fast_paths``, each against the plain computation it replaces, and
+"""The speed paths of ``ce_retrieval.losses.kernels.fast_paths``, each against the plain computation it replaces, and
 their second derivatives (nested ``tf.GradientTape``s) against the plain path's:
 
 * radix selection (k-th largest, ties, masks, signed zeros, infinities, k edge cases) against a NumPy sort, and
