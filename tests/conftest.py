@@ -17,6 +17,8 @@ from tensorflow.python.framework import config as tf_config  # noqa: E402  (op d
 
 import ce_retrieval  # noqa: E402,F401
 
+pytest_plugins = ["export_fixtures"]  # tests/export_fixtures.py: the export the build, search and serve tests share
+
 
 def pytest_configure(config):
     missing = reference_packages.problems()

@@ -11,7 +11,7 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-from ce_retrieval.serving.export import export_encoders
+from ce_retrieval.build.export import export_encoders
 
 
 class HashedTextTower(tf_keras.Model):

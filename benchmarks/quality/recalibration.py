@@ -238,8 +238,8 @@ def kept(block: dict, truth: Truth, rows: np.ndarray) -> dict:
 def run(plan: Plan, out: str, log=print) -> dict:
     from ce_retrieval.data.relevance_labels import RelevanceLabels
     from ce_retrieval.evaluation.split_calibration import calibrate_split
-    from ce_retrieval.serving.gallery import GalleryIndex
-    from ce_retrieval.serving.recalibrate import calibrate_on_index
+    from ce_retrieval.search.gallery import GalleryIndex
+    from ce_retrieval.serve.recalibrate import calibrate_on_index
 
     feats = cross_family_features(plan, out, log)
     emb = served_embeddings(plan, feats, log)

@@ -1,4 +1,4 @@
-"""ANN benchmark: ScaNN (as ``ce_retrieval.serving.index`` builds it) vs exact NumPy search, faiss (HNSW, IVF)
+"""ANN benchmark: ScaNN (as ``ce_retrieval.build.index`` builds it) vs exact NumPy search, faiss (HNSW, IVF)
 and hnswlib on the same generated data, in the same process.
 
 Data: N unit vectors in d = 128 around C random cluster centres (x = normalise(c + spread * g / sqrt(d))),
@@ -26,9 +26,9 @@ from scann.scann_ops.py import scann_ops_pybind  # noqa: E402,F401  (import befo
 import ce_retrieval  # noqa: E402,F401  (legacy Keras before TensorFlow, which ScaNN imports)
 from benchmarks.common.galleries import clustered  # noqa: E402
 from benchmarks.common.records import write_record  # noqa: E402
-from ce_retrieval.evaluation.ann import IndexParams, build_scann, default_params  # noqa: E402
-from ce_retrieval.evaluation.search import exact_search  # noqa: E402
-from ce_retrieval.serving.partitions import build_partitions, threshold_search  # noqa: E402
+from ce_retrieval.search.ann import IndexParams, build_scann, default_params  # noqa: E402
+from ce_retrieval.search.exact import exact_search  # noqa: E402
+from ce_retrieval.search.partitions import build_partitions, threshold_search  # noqa: E402
 
 
 def recall(found, truth):

@@ -1,7 +1,7 @@
 """A corpus of malformed requests for the HTTP retrieval service, and a runner that sends it.
 
 Shared by ``benchmarks/serving/reliability.py`` (the "bad requests" part) and
-``tests/serving/test_service_malformed.py``, so the benchmark and the test check the same requests. It lives in
+``tests/serve/test_service_malformed.py``, so the benchmark and the test check the same requests. It lives in
 ``benchmarks/`` rather than in the package: it is test data, not something a deployment needs.
 
 Each case is a :class:`BadRequest`: method, path, headers, body bytes (or ``raw``: bytes written to the socket

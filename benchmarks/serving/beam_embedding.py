@@ -62,14 +62,14 @@ def _child(args) -> None:
     """One configuration, in this fresh process; prints one JSON line."""
     import numpy as np
 
-    from ce_retrieval.serving import layout
-    from ce_retrieval.serving.pipeline import direct_runner_args, embed_gallery
+    from ce_retrieval.build.pipeline import direct_runner_args, embed_gallery
+    from ce_retrieval.search import layout
 
     workers_rss = _WorkerRss()
     if args.child_workers == 0:
         import tensorflow as tf
 
-        from ce_retrieval.serving.export import IMAGE_INPUT, load_signature
+        from ce_retrieval.build.export import IMAGE_INPUT, load_signature
 
         names = sorted(os.listdir(args.child_images))
         images = [open(os.path.join(args.child_images, n), "rb").read() for n in names]
@@ -127,7 +127,7 @@ def main():
     ap.add_argument("--child_out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
 
-    from ce_retrieval.serving import layout
+    from ce_retrieval.search import layout
 
     args.export_dir = os.path.abspath(args.export_dir)
     complete = layout.complete_versions(args.export_dir)

@@ -334,7 +334,7 @@ def _worker(kind: str, export_dir: str, gallery: int) -> None:
     """``--worker export|index``: the library's export / index calls on stand-in towers (the quick mode's
     substitute for the CLI commands, which need a trained model and take ~40 s each)."""
     from benchmarks.common.exports import stand_in_export
-    from ce_retrieval.serving.index import build_index
+    from ce_retrieval.build.index import build_index
 
     if kind == WORKER_EXPORT:
         stand_in_export(export_dir, dim=32)
@@ -372,7 +372,7 @@ def _export_cmd(kind: str, export_dir: str, model_dir: str | None, gallery: int)
 
 def export_state(export_dir: str) -> dict:
     """What readers see: complete / servable versions, numeric folders outside them, hidden temporaries."""
-    from ce_retrieval.serving import layout
+    from ce_retrieval.search import layout
 
     numeric = {
         part: layout.versions(os.path.join(export_dir, part))
@@ -391,7 +391,7 @@ def export_state(export_dir: str) -> dict:
 
 
 def _loads(export_dir: str, version: int | None) -> tuple[bool, int | None, str]:
-    from ce_retrieval.serving.searcher import Searcher
+    from ce_retrieval.serve.searcher import Searcher
 
     try:
         s = Searcher.load(export_dir, version)
@@ -665,7 +665,7 @@ def make_gallery_export(root: str, gallery: int) -> dict:
 def publish_copy(export_dir: str, source_version: int, version: int) -> None:
     """Publishes ``version`` as a copy of ``source_version`` through the atomic publishing path (encoders first,
     index last, as ``export`` + ``index`` do): a cheap stand-in for a new model every few seconds."""
-    from ce_retrieval.serving import layout
+    from ce_retrieval.search import layout
     from ce_retrieval.utils.atomic import atomic_directory
 
     for part in (layout.TEXT_ENCODER, layout.IMAGE_ENCODER, layout.INDEX):

@@ -23,9 +23,9 @@ import numpy as np  # noqa: E402
 import ce_retrieval  # noqa: E402,F401
 from benchmarks.common.exports import stand_in_export  # noqa: E402
 from benchmarks.common.galleries import clustered  # noqa: E402
-from ce_retrieval.serving.index import build_index  # noqa: E402
-from ce_retrieval.serving.searcher import Searcher  # noqa: E402
-from ce_retrieval.serving.service import create_app, serve_in_thread  # noqa: E402
+from ce_retrieval.build.index import build_index  # noqa: E402
+from ce_retrieval.serve.searcher import Searcher  # noqa: E402
+from ce_retrieval.serve.service import create_app, serve_in_thread  # noqa: E402
 
 WORDS = (
     "a the dog cat man woman child red blue green runs sits stands on under near big small tree car beach city street"

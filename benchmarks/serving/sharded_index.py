@@ -98,7 +98,7 @@ def _load_gallery(w: str) -> np.ndarray:
 
 
 def part_single(args) -> dict:
-    from ce_retrieval.serving.index import build_index
+    from ce_retrieval.build.index import build_index
 
     x = _load_gallery(args.workdir)
     base = _peak_mb()
@@ -114,7 +114,7 @@ def part_single(args) -> dict:
 
 
 def part_sharded(args) -> dict:
-    from ce_retrieval.serving.sharded_index import build_sharded_index
+    from ce_retrieval.build.sharded import build_sharded_index
 
     x = _load_gallery(args.workdir)
     base = _peak_mb()
@@ -211,9 +211,9 @@ def _http_load(url: str, captions: list[str], clients: int, seconds: float) -> d
 
 
 def part_search(args) -> dict:
-    from ce_retrieval.serving.gallery import GalleryIndex
-    from ce_retrieval.serving.service import create_app, serve_in_thread
-    from ce_retrieval.serving.sharded_index import load_index
+    from ce_retrieval.build.sharded import load_index
+    from ce_retrieval.search.gallery import GalleryIndex
+    from ce_retrieval.serve.service import create_app, serve_in_thread
 
     w = args.workdir
     q, truth = np.load(os.path.join(w, "queries.npy")), np.load(os.path.join(w, "truth.npy"))
@@ -272,8 +272,8 @@ def part_search(args) -> dict:
 def part_leaves(args) -> dict:
     """Recall@10 and one-query latency in-process at equal work: both indexes searching the same fraction of their
     leaves (the sharded one in every shard), 1 % to 8 %."""
-    from ce_retrieval.serving.gallery import GalleryIndex
-    from ce_retrieval.serving.sharded_index import load_index
+    from ce_retrieval.build.sharded import load_index
+    from ce_retrieval.search.gallery import GalleryIndex
 
     w = args.workdir
     q, truth = np.load(os.path.join(w, "queries.npy")), np.load(os.path.join(w, "truth.npy"))

@@ -42,10 +42,10 @@ from benchmarks import RESULTS  # noqa: E402
 from benchmarks.common.machine import host  # noqa: E402
 from benchmarks.common.records import write_record  # noqa: E402
 from benchmarks.serving import threshold_search as ts  # noqa: E402
-from ce_retrieval.serving import threshold_search as model  # noqa: E402
-from ce_retrieval.serving.gallery import GalleryIndex  # noqa: E402  (imports ScaNN before BLAS work)
-from ce_retrieval.serving.partitions import scan_hits  # noqa: E402
-from ce_retrieval.serving.threshold_search import expand_to_leaves  # noqa: E402
+from ce_retrieval.search import threshold as model  # noqa: E402
+from ce_retrieval.search.gallery import GalleryIndex  # noqa: E402  (imports ScaNN before BLAS work)
+from ce_retrieval.search.partitions import scan_hits  # noqa: E402
+from ce_retrieval.search.threshold import expand_to_leaves  # noqa: E402
 
 LEAVES_FACTORS = (1, 2, 4, 8)  # x the top-10 setting's leaves
 RESCORED = (200, 800, 3200, 12800)  # k of the growth's rounds from the re-ranking depth 200 (x 4 a round)

@@ -34,9 +34,9 @@ from benchmarks import RESULTS  # noqa: E402
 from benchmarks.common.machine import host  # noqa: E402
 from benchmarks.common.records import write_record  # noqa: E402
 from benchmarks.serving import threshold_search as ts  # noqa: E402
-from ce_retrieval.serving.gallery import GalleryIndex  # noqa: E402  (imports ScaNN before BLAS work)
-from ce_retrieval.serving.partitions import build_partitions, leaf_of_rows, spherical_kmeans  # noqa: E402
-from ce_retrieval.serving.threshold_search import set_recall  # noqa: E402
+from ce_retrieval.search.gallery import GalleryIndex  # noqa: E402  (imports ScaNN before BLAS work)
+from ce_retrieval.search.partitions import build_partitions, leaf_of_rows, spherical_kmeans  # noqa: E402
+from ce_retrieval.search.threshold import set_recall  # noqa: E402
 
 
 def nearest_centre(x: np.ndarray, centers: np.ndarray, chunk: int = 65536) -> np.ndarray:

@@ -46,10 +46,10 @@ from benchmarks import RESULTS  # noqa: E402
 from benchmarks.common.machine import host  # noqa: E402
 from benchmarks.common.records import write_json  # noqa: E402
 from benchmarks.serving.threshold_search import MODEL, QUERY_STREAM, SEED, hard_gallery, numpy_scan  # noqa: E402
-from ce_retrieval.serving.gallery import GalleryIndex  # noqa: E402  (imports ScaNN before BLAS work)
-from ce_retrieval.serving.index import evaluation_queries, write_index_folder  # noqa: E402
-from ce_retrieval.serving.partitions import BallPartitions, build_partitions, threshold_search  # noqa: E402
-from ce_retrieval.serving.threshold_search import exact_sets, set_recall  # noqa: E402
+from ce_retrieval.build.index import evaluation_queries, write_index_folder  # noqa: E402
+from ce_retrieval.search.gallery import GalleryIndex  # noqa: E402  (imports ScaNN before BLAS work)
+from ce_retrieval.search.partitions import BallPartitions, build_partitions, threshold_search  # noqa: E402
+from ce_retrieval.search.threshold import exact_sets, set_recall  # noqa: E402
 
 # ----------------------------------------------------------------------------------------------- leaf probing
 # A query probes every leaf l of the index's k-means partitions (gallery in leaf order) with
@@ -239,7 +239,7 @@ def main() -> None:
     else:
         queries = hard_gallery(args.queries, stream=QUERY_STREAM)
     folder = tempfile.mkdtemp(dir=args.workdir, prefix="threshold_methods_")
-    from ce_retrieval.evaluation.search import exact_search
+    from ce_retrieval.search.exact import exact_search
 
     _, s100 = exact_search(queries, x, 100)
     tau = float(np.median(s100[:, -1]))

@@ -74,9 +74,9 @@ from benchmarks import RESULTS  # noqa: E402
 from benchmarks.common.galleries import cluster_labels, clustered  # noqa: E402
 from benchmarks.common.machine import host  # noqa: E402
 from benchmarks.common.records import write_json, write_record  # noqa: E402
-from ce_retrieval.serving.gallery import GalleryIndex  # noqa: E402  (imports ScaNN before BLAS work)
-from ce_retrieval.serving.index import write_index_folder  # noqa: E402
-from ce_retrieval.serving.threshold_search import scann_leaves, set_recall  # noqa: E402
+from ce_retrieval.build.index import write_index_folder  # noqa: E402
+from ce_retrieval.search.gallery import GalleryIndex  # noqa: E402  (imports ScaNN before BLAS work)
+from ce_retrieval.search.threshold import scann_leaves, set_recall  # noqa: E402
 
 DIM, CLUSTERS, RANK, CHUNK, SEED = 128, 2000, 16, 32_768, 23  # a chunk gathers [CHUNK, d, RANK] bases: 270 MB
 QUERY_STREAM, VALIDATION_STREAM, VALIDATION_QUERIES = 1, 2, 1000

@@ -56,7 +56,7 @@ from benchmarks import RESULTS  # noqa: E402
 from benchmarks.common.machine import LoadSampler, host  # noqa: E402
 from benchmarks.common.records import write_record  # noqa: E402
 from benchmarks.serving import reliability  # noqa: E402  (server_process, load)
-from ce_retrieval.serving import layout  # noqa: E402
+from ce_retrieval.search import layout  # noqa: E402
 
 CONCURRENCY = (1, 8)
 PRECISION_LEVELS = ("0.9", "0.5")  # the first one calibrated is used
@@ -130,9 +130,9 @@ def generated_export(root: str, n: int, brute_force_below: int | None) -> dict:
 
     from benchmarks.common.exports import stand_in_export
     from benchmarks.serving import threshold_search as ts_bench
+    from ce_retrieval.build.index import BRUTE_FORCE_BELOW, build_index
     from ce_retrieval.evaluation.probability import ProbabilityMap
-    from ce_retrieval.serving.index import BRUTE_FORCE_BELOW, build_index
-    from ce_retrieval.serving.threshold_search import tau_for_median_hits
+    from ce_retrieval.search.threshold import tau_for_median_hits
 
     start = time.perf_counter()
     text, _ = stand_in_export(root, dim=ts_bench.DIM)

@@ -1,5 +1,5 @@
 """``ce-retrieval calibrate --export_dir E --labels FILE``: recalibrate a served index on labelled captions of a
-new domain and publish it as a new version (:func:`ce_retrieval.serving.recalibrate.recalibrate_index`).
+new domain and publish it as a new version (:func:`ce_retrieval.serve.recalibrate.recalibrate_index`).
 
 ``--labels`` is JSONL (one ``{"caption": "...", "relevant": [gallery ids]}`` per line) or a Karpathy JSON file
 (``--split`` keeps one split; ``--karpathy_ids`` says how its images map to the gallery's ids, as ``ce-retrieval
@@ -54,7 +54,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from ce_retrieval.data.relevance_labels import read_labels
-    from ce_retrieval.serving.recalibrate import recalibrate_index
+    from ce_retrieval.serve.recalibrate import recalibrate_index
 
     levels = None if args.precision_levels is None else [float(v) for v in args.precision_levels.split(",")]
     try:

@@ -165,9 +165,9 @@ def index_test_gallery(model, test, val, report: dict, export_dir: str, version:
     ``version``, with the calibration the evaluation made on the validation split (``report``'s
     ``calibration_split.split_calibration``: guaranteed and estimated thresholds and the P(relevant) map, derived
     by the index for its own gallery size)."""
+    from ce_retrieval.build.index import build_index
     from ce_retrieval.evaluation.embed import embed_split, embed_strings
     from ce_retrieval.evaluation.split_calibration import Calibration
-    from ce_retrieval.serving.index import build_index
 
     calibration = Calibration.from_json(report["calibration_split"]["split_calibration"])
     val_q = embed_split(model.text_encoder, model.image_encoder, val)[0]
@@ -219,8 +219,8 @@ def query_service(export_dir: str, test, captions: list[str]) -> None:
     level's threshold search, each hit marked when it is the caption's true image."""
     import httpx
 
-    from ce_retrieval.serving.searcher import Searcher
-    from ce_retrieval.serving.service import create_app, serve_in_thread
+    from ce_retrieval.serve.searcher import Searcher
+    from ce_retrieval.serve.service import create_app, serve_in_thread
 
     truth = {c: int(i) for c, i in zip(test.captions, test.caption_ids, strict=True)}
     with serve_in_thread(create_app(export_dir)) as url:
@@ -267,9 +267,9 @@ def _print_hits(item: dict, truth: dict) -> None:
 
 def export_trained(cfg, model, export_dir: str):
     """The demo's export stage: the towers with the model's own (learned) λ, as ``ce-retrieval export`` writes
-    them (:func:`ce_retrieval.serving.export.export_model`), never the configured initial ``cfg.model.logit_scale``."""
+    them (:func:`ce_retrieval.build.export.export_model`), never the configured initial ``cfg.model.logit_scale``."""
     from ce_retrieval import configs
-    from ce_retrieval.serving.export import export_model
+    from ce_retrieval.build.export import export_model
 
     metadata = {"config": configs.to_dict(cfg), "checkpoint": getattr(model, "checkpoint_path", None)}
     return export_model(model, export_dir, metadata=metadata)

@@ -1,10 +1,10 @@
 """``ce-retrieval embed-gallery --export_dir E --images SOURCE --output_dir O [...] [-- BEAM OPTIONS]``: embed a
-gallery with the exported image encoder on Apache Beam (:func:`ce_retrieval.serving.pipeline.embed_gallery`).
+gallery with the exported image encoder on Apache Beam (:func:`ce_retrieval.build.pipeline.embed_gallery`).
 
 ``--images`` means what it means for ``ce-retrieval index``: a split name of the export's data config (e.g.
 ``test``), a folder of .jpg/.png files (integer file names become ids) or a TFRecord file pattern. The output is a
 folder of checksummed ``embeddings-*.npy`` / ``ids-*.npy`` shards plus ``manifest.json``
-(:func:`ce_retrieval.serving.pipeline.load_embedded_gallery` reads it back).
+(:func:`ce_retrieval.build.pipeline.load_embedded_gallery` reads it back).
 
 Everything after a ``--`` goes to Beam unchanged (``PipelineOptions``), e.g.
 ``-- --runner FlinkRunner --flink_master host:8081``. ``--workers N`` is the local shortcut for
@@ -53,7 +53,7 @@ def add_arguments(parser) -> None:
 
 
 def _pipeline_args(args) -> list[str]:
-    from ce_retrieval.serving.pipeline import direct_runner_args
+    from ce_retrieval.build.pipeline import direct_runner_args
 
     beam_args = list(args.beam_args or [])
     if beam_args and beam_args[0] == "--":
@@ -69,8 +69,8 @@ def _pipeline_args(args) -> list[str]:
 
 
 def run(args) -> int:
+    from ce_retrieval.build.pipeline import embed_gallery
     from ce_retrieval.data.report import DataError
-    from ce_retrieval.serving.pipeline import embed_gallery
 
     try:
         manifest = embed_gallery(

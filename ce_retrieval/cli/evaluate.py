@@ -45,7 +45,7 @@ def add_arguments(parser) -> None:
 
 
 def _scann_factory():
-    from ce_retrieval.evaluation.ann import ScannSearch
+    from ce_retrieval.search.ann import ScannSearch
 
     return ScannSearch
 

@@ -1,6 +1,6 @@
 """``ce-retrieval export --model_dir D --export_dir E [--version V] [--no_verify]``: both towers of a trained
 model as TF Serving SavedModels with the model's (learned) scoring parameters
-(:func:`ce_retrieval.serving.export.export_model`, which ``ce-retrieval demo`` uses too)."""
+(:func:`ce_retrieval.build.export.export_model`, which ``ce-retrieval demo`` uses too)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from ce_retrieval.serving.export import export_model
+    from ce_retrieval.build.export import export_model
     from ce_retrieval.training import load_trained  # lazy: the training stack is only needed here
 
     cfg, model = load_trained(args.model_dir)

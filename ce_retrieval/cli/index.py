@@ -1,10 +1,10 @@
 """``ce-retrieval index --export_dir E (--images SOURCE | --embeddings DIR) [--shards S] ...``: the gallery index
-next to an export (:func:`ce_retrieval.serving.index.build_index`, or with ``--shards S > 1``
-:func:`ce_retrieval.serving.sharded_index.build_sharded_index`, built by ``--workers`` processes).
+next to an export (:func:`ce_retrieval.build.index.build_index`, or with ``--shards S > 1``
+:func:`ce_retrieval.build.sharded.build_sharded_index`, built by ``--workers`` processes).
 
 ``--images`` is a split name of the export's data config (e.g. ``test``), a folder of .jpg/.png files (integer
 file names become ids) or a TFRecord file pattern; the images are embedded here with the exported image encoder.
-``--embeddings`` is the output folder of the Beam embedding pipeline (``ce_retrieval.serving.pipeline``), which
+``--embeddings`` is the output folder of the Beam embedding pipeline (``ce_retrieval.build.pipeline``), which
 embedded a large gallery already; it is refused unless its model fingerprint is this export version's.
 With ``--calibration_split`` the export is calibrated on that split (``evaluation.split_calibration``): for each
 level of ``--precision_levels`` a threshold guaranteed with confidence 1 - ``--delta`` for *this* gallery's size,
@@ -20,11 +20,11 @@ import os
 
 import numpy as np
 
-from ce_retrieval.evaluation.ann import IndexParams
-from ce_retrieval.serving import layout
-from ce_retrieval.serving.gallery_source import data_config_of, read_images, resolve_source
-from ce_retrieval.serving.index import BRUTE_FORCE_BELOW, build_index
-from ce_retrieval.serving.sharded_index import build_sharded_index
+from ce_retrieval.build.gallery_source import data_config_of, read_images, resolve_source
+from ce_retrieval.build.index import BRUTE_FORCE_BELOW, build_index
+from ce_retrieval.build.sharded import build_sharded_index
+from ce_retrieval.search import layout
+from ce_retrieval.search.ann import IndexParams
 
 __all__ = ["add_arguments", "run"]
 
@@ -49,7 +49,7 @@ def _corrupt_policy(meta: dict) -> tuple[str, bool]:
 
 
 def _read_gallery(source: str, meta: dict) -> tuple[list[bytes], np.ndarray, dict]:
-    """The images and ids of ``--images`` (:func:`ce_retrieval.serving.gallery_source.resolve_source`, the Beam
+    """The images and ids of ``--images`` (:func:`ce_retrieval.build.gallery_source.resolve_source`, the Beam
     pipeline's reader too) and the provenance that goes into the index manifest."""
     on_corrupt, validate = _corrupt_policy(meta)
     src = resolve_source(source, export_meta=meta, on_corrupt=on_corrupt)
@@ -123,7 +123,7 @@ def add_arguments(parser) -> None:
 
 def _pipeline_gallery(path: str, meta: dict, version: int) -> tuple[np.ndarray, np.ndarray, dict]:
     """Embeddings, ids and provenance of a Beam pipeline output folder, refused unless this model made them."""
-    from ce_retrieval.serving.pipeline import load_embedded_gallery  # lazy: Beam only for this source
+    from ce_retrieval.build.pipeline import load_embedded_gallery  # lazy: Beam only for this source
 
     embeddings, ids, manifest = load_embedded_gallery(path, verify=True)
     # the export fingerprint (both towers) under "model" or "export", else the image tower's own
@@ -143,7 +143,7 @@ def _pipeline_gallery(path: str, meta: dict, version: int) -> tuple[np.ndarray, 
 
 
 def run(args) -> int:
-    from ce_retrieval.serving.export import IMAGE_INPUT, TEXT_INPUT, load_signature
+    from ce_retrieval.build.export import IMAGE_INPUT, TEXT_INPUT, load_signature
 
     if args.shards < 1:
         raise SystemExit(f"error: --shards must be >= 1, got {args.shards}")

@@ -1,6 +1,6 @@
 """``ce-retrieval query --export_dir E --text "..." [--k K | --threshold T | --precision P | --min_probability M]
 [--exact] [--estimate]``: text -> image search over the newest servable export version
-(:class:`ce_retrieval.serving.searcher.Searcher`), printed hit by hit."""
+(:class:`ce_retrieval.serve.searcher.Searcher`), printed hit by hit."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def _promise(searcher, args) -> str:
 
 
 def run(args) -> int:
-    from ce_retrieval.serving.searcher import PromiseRefused, Searcher
+    from ce_retrieval.serve.searcher import PromiseRefused, Searcher
 
     searcher = Searcher.load(args.export_dir, args.version)
     threshold_modes = (args.threshold, args.precision, args.min_probability)

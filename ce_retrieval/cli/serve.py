@@ -1,5 +1,5 @@
 """``ce-retrieval serve --export_dir E [--host H] [--port P] ...``: the HTTP JSON retrieval service
-(:func:`ce_retrieval.serving.service.create_app`) run by uvicorn until interrupted.
+(:func:`ce_retrieval.serve.service.create_app`) run by uvicorn until interrupted.
 
 With ``--shard_urls URL0,URL1,...`` it is a router in front of shard servers (``ce-retrieval serve-shard``, URL i
 serving shard i): the text encoder runs here, each search fans out to the shards under ``--shard_timeout_s``."""
@@ -50,7 +50,7 @@ def _urls(text: str) -> list[str]:
 def run(args) -> int:
     import uvicorn
 
-    from ce_retrieval.serving.service import create_app
+    from ce_retrieval.serve.service import create_app
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(

@@ -1,5 +1,5 @@
 """``ce-retrieval serve-shard --export_dir E --shard i [--host H] [--port P] ...``: one shard of a sharded index
-behind HTTP (:func:`ce_retrieval.serving.shard_server.create_shard_app`), for a router (``ce-retrieval serve
+behind HTTP (:func:`ce_retrieval.serve.shard_server.create_shard_app`), for a router (``ce-retrieval serve
 --shard_urls ...``), run by uvicorn until interrupted. It keeps the newest two versions of its shard loaded."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     import uvicorn
 
-    from ce_retrieval.serving.shard_server import create_shard_app
+    from ce_retrieval.serve.shard_server import create_shard_app
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.shard < 0:

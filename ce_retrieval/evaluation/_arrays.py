@@ -11,17 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-
-def as_embeddings(x, name: str) -> np.ndarray:
-    """A C-contiguous float32 ``[n, d]`` array with finite values, or a ValueError naming ``name``."""
-    if hasattr(x, "numpy"):
-        x = x.numpy()
-    arr = np.ascontiguousarray(np.asarray(x), dtype=np.float32)
-    if arr.ndim != 2:
-        raise ValueError(f"{name} must be a rank-2 [num, dim] embedding matrix, got shape {arr.shape}")
-    if not np.all(np.isfinite(arr)):
-        raise ValueError(f"{name} contains NaN or infinite values")
-    return arr
+from ce_retrieval.search.arrays import as_embeddings, check_same_dim, rows_per_block
 
 
 def as_ids(x, n: int, name: str) -> np.ndarray:
@@ -34,12 +24,6 @@ def as_ids(x, n: int, name: str) -> np.ndarray:
     if len(arr) != n:
         raise ValueError(f"{name} has {len(arr)} entries but the embeddings have {n} rows")
     return arr
-
-
-def check_same_dim(q: np.ndarray, d: np.ndarray) -> None:
-    """A ValueError unless the query and document embeddings have the same width."""
-    if q.shape[1] != d.shape[1]:
-        raise ValueError(f"query_emb has dimension {q.shape[1]} but doc_emb has dimension {d.shape[1]}")
 
 
 def check_pair(query_emb, doc_emb, query_ids, doc_ids):
@@ -116,8 +100,3 @@ def block_rows(block_size, num_cols: int, block_elements: int) -> int:
     if rows < 1:
         raise ValueError(f"block_size must be a positive number of rows, got {block_size}")
     return rows
-
-
-def rows_per_block(num_cols: int, block_elements: int) -> int:
-    """How many query rows make a score block of about ``block_elements`` entries (at least one)."""
-    return max(1, int(block_elements) // max(1, int(num_cols)))

@@ -47,7 +47,6 @@ from ce_retrieval.evaluation.probability import (
 )
 from ce_retrieval.evaluation.promise_check import check_promises, promise_summary
 from ce_retrieval.evaluation.retrieval import ann_recall_loss, recall_at_k, recall_with_distractors
-from ce_retrieval.evaluation.search import exact_search
 from ce_retrieval.evaluation.split_calibration import DEFAULT_LEVELS, calibrate_split
 from ce_retrieval.evaluation.transfer import (
     RELIABILITY_LEVELS,
@@ -56,6 +55,7 @@ from ce_retrieval.evaluation.transfer import (
     reliability_curve,
     threshold_transfer,
 )
+from ce_retrieval.search.exact import exact_search
 from ce_retrieval.utils.atomic import atomic_write_text
 
 __all__ = ["dataset_fingerprint", "evaluate_embeddings", "evaluate_model", "git_commit"]
@@ -257,7 +257,7 @@ def evaluate_model(
       output_dir: where ``eval_<split>.json`` and the PNGs go (nothing is written when None).
       run_name: groups several seeds of one configuration in ``ce-retrieval report``.
       config: the experiment configuration (JSON-able dict) stored with the results.
-      ann_factory: optional ``doc_emb -> search_fn`` (e.g. :class:`ce_retrieval.evaluation.ann.ScannSearch`):
+      ann_factory: optional ``doc_emb -> search_fn`` (e.g. :class:`ce_retrieval.search.ann.ScannSearch`):
         an approximate index over the split's images whose Recall@K loss against exact search is reported.
       calibration_split: a :class:`RetrievalSplit` (usually validation) on which thresholds for the precisions
         ``RELIABILITY_LEVELS`` are calibrated (``global_pr_auc``); ``metrics["transfer"]`` reports the precision

@@ -27,7 +27,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from ce_retrieval.evaluation._arrays import as_embeddings  # noqa: E402
+from ce_retrieval.search.arrays import as_embeddings  # noqa: E402
 from ce_retrieval.utils.atomic import atomic_path  # noqa: E402
 
 __all__ = [

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ce_retrieval.evaluation._arrays import as_embeddings, check_pair
-from ce_retrieval.evaluation.search import ExactSearch, exact_search
+from ce_retrieval.evaluation._arrays import check_pair
+from ce_retrieval.search.arrays import as_embeddings
+from ce_retrieval.search.exact import ExactSearch, exact_search
 
 __all__ = ["ann_recall_loss", "hits_at_k", "recall_at_k", "recall_with_distractors"]
 

@@ -8,11 +8,11 @@ import pytest
 import tensorflow as tf
 
 from ce_retrieval import configs, modeling
+from ce_retrieval.build.export import scoring_parameters
 from ce_retrieval.cli import demo
 from ce_retrieval.cli import main as cli_main
 from ce_retrieval.configs.experiment import ExperimentConfig
-from ce_retrieval.serving import layout
-from ce_retrieval.serving.export import scoring_parameters
+from ce_retrieval.search import layout
 from ce_retrieval.training import load_trained
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "red", "circle", "blue", "square", "warm", "up"]

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from ce_retrieval.evaluation.retrieval import ann_recall_loss, recall_at_k, recall_with_distractors
-from ce_retrieval.evaluation.search import ExactSearch, exact_search
+from ce_retrieval.search.exact import ExactSearch, exact_search
 
 
 def _quantised(rng, shape, levels=2):
@@ -123,7 +123,7 @@ def test_bad_ks_and_shapes(rng):
 
 
 def test_scann_searcher_plugs_in(rng):
-    from ce_retrieval.evaluation.ann import ScannSearch
+    from ce_retrieval.search.ann import ScannSearch
 
     d = rng.standard_normal((600, 16)).astype(np.float32)
     d /= np.linalg.norm(d, axis=1, keepdims=True)
@@ -152,7 +152,7 @@ def test_one_scann_setup_for_evaluation_and_serving(rng):
     # spherical k-means) and the re-ranking depth (max(k, 100) vs 100, or 200 from 500,000 items). The rule now
     # shared (evaluation.ann.build_scann / default_params): spherical leaves, and re-rank at least the k results
     # asked for, 100 candidates, or 200 on galleries of 500,000 items or more.
-    from ce_retrieval.evaluation.ann import IndexParams, ScannSearch, default_params, scann_builder
+    from ce_retrieval.search.ann import IndexParams, ScannSearch, default_params, scann_builder
 
     p = default_params(4000)
     assert (p.num_leaves, p.training_sample_size, p.reorder_num_neighbors, p.spherical_tree) == (63, 4000, 100, True)

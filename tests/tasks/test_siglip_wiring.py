@@ -131,7 +131,7 @@ def test_a_trained_siglip_model_exports_t_and_b(vocab, tmp_path, monkeypatch):
     """``ce-retrieval export``: the manifest carries the model's learned t (logit_scale) and b (logit_bias)."""
     import ce_retrieval.training
     from ce_retrieval import cli
-    from ce_retrieval.serving import layout
+    from ce_retrieval.search import layout
 
     cfg = _cfg(logit_scale=10.0, learn_logit_scale=True, logit_bias=-10.0, learn_logit_bias=True)
     model = RetrievalTask(cfg).build_model(vocab)

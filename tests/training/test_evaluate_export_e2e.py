@@ -68,7 +68,7 @@ def test_evaluate_on_a_trained_model_dir(model_dir, trained, tmp_path):
 
 @pytest.mark.slow
 def test_export_reproduces_the_keras_towers(model_dir, trained, tmp_path):
-    from ce_retrieval.serving.export import embed_with_keras, load_signature
+    from ce_retrieval.build.export import embed_with_keras, load_signature
 
     export_dir = tmp_path / "export"
     printed = _cli("export", "--model_dir", model_dir, "--export_dir", export_dir)

@@ -1,0 +1,537 @@
+"""Build the gallery index next to an export (used by the ``ce-retrieval index`` command).
+
+``<export_dir>/index/<version>/`` holds, for the image embeddings x_j = image_encoder(image_j) of one export
+version (unit vectors, score s(q, x) = q.x):
+
+    manifest.json   model binding (fingerprint, dimension, normalisation, logit scale), ids checksum, index
+                    kind and parameters, build time, ANN recall@10 vs exact search measured at build time,
+                    calibrated thresholds for this gallery's size: guaranteed (precision >= p with confidence
+                    1 - delta) and estimated, with the calibration they came from (``split_calibration``)
+    embeddings.npy  float32 [n, d] in leaf order;  ids.npy  int64 [n] (gallery id of each row); the manifest
+                    holds the SHA-256 of both arrays
+    partitions.npz  k-means ball partitions, finer than ScaNN's leaves, for exact threshold search and the
+                    approximate search's leaf expansion (see ``partitions``, ``threshold_search``)
+                    (the manifest's ``threshold_search`` records the measured set recall of the approximate
+                    threshold search, ``ce_retrieval.search.threshold``, at the calibrated thresholds)
+    scann/          serialised ScaNN searcher (galleries of at least ``brute_force_below`` items)
+
+ScaNN set-up follows its guidance for n items: a spherical k-means tree of num_leaves ~ sqrt(n), anisotropic
+asymmetric hashing (2 dims/block, threshold 0.2) for scoring, exact float32 re-ranking of the best
+``reorder`` candidates (``ce_retrieval.search.ann.build_scann``, shared with the evaluation's ScaNN
+search). ``leaves_to_search`` and the re-ranking depth are tuned at build time: the cheapest pair on a grid whose
+recall@10 against exact search reaches the target (0.95 by default) on evaluation queries (validation captions when
+given, otherwise held-out-like points near the gallery). ScaNN is serialised with relative asset paths so the
+folder can be moved and loaded from any working directory. The folder is published atomically
+(``ce_retrieval.utils.atomic.atomic_directory``).
+
+:func:`write_index_folder` writes one such folder into a given directory; :func:`build_index` uses it for the
+version folder itself and ``ce_retrieval.build.sharded.build_sharded_index`` for each shard folder of a
+sharded version.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import math
+import os
+import time
+
+import numpy as np
+
+from ce_retrieval.search.ann import IndexParams, build_scann, default_params
+from ce_retrieval.search.exact import exact_search
+from ce_retrieval.search import layout
+from ce_retrieval.search.gallery import (
+    EMBEDDINGS_FILE,
+    IDS_FILE,
+    INDEX_FORMAT,
+    PARTITIONS_FILE,
+    SCANN_DIR,
+    GalleryIndex,
+    embeddings_digest,
+    ids_digest,
+)
+from ce_retrieval.search.partitions import BallPartitions, build_partitions, leaf_of_rows
+from ce_retrieval.search.threshold import (
+    APPROXIMATE,
+    FAMILIAR_QUANTILE,
+    PROBE_LEAVES,
+    SET_RECALL_CONFIDENCE,
+    SPREAD_PRIOR,
+    default_threshold_params,
+    exact_sets,
+    set_recall,
+    tau_for_median_hits,
+    tune_threshold_params,
+)
+from ce_retrieval.utils.atomic import atomic_directory
+
+BRUTE_FORCE_BELOW = 20_000
+TARGET_SET_RECALL = 0.99
+THRESHOLD_TUNING_QUERIES = 200
+# Threshold partitions: a flat spherical k-means with leaves of ~128 items (never fewer leaves than ScaNN's, at
+# most 8,192). Finer leaves follow a query's hits more closely: on the benchmark's hard gallery at 1M, the leaves
+# holding the hits the ANN found (top-10 leaves, re-scoring 2k) hold 1,077 items per query with 7,812 leaves
+# (expanded set recall 0.984) against 24,618 with 1,000 (0.963). Flat matters: 1,000 leaves each split in 8 by its
+# own k-means gave 3,917 items and 0.952 (the split cuts the data's clusters at the coarse boundaries;
+# benchmarks/results/threshold_leaves.md). The cap bounds the build's assignment pass (n x leaves x d
+# multiply-adds: 1.0e13 at 10M x 128).
+PARTITION_LEAF_ITEMS, MAX_PARTITION_LEAVES = 128, 8192
+PRECISION_LEVELS = ("0.5", "0.8", "0.9")
+SCORE = "cosine similarity q.x of unit vectors"
+
+
+def normalize_thresholds(thresholds) -> dict[str, float] | None:
+    """Accepts ``{"0.9": t}``, ``{0.9: t}`` or a whole ``global_pr_auc`` result; returns ``{"0.9": t, ...}``."""
+    if thresholds is None:
+        return None
+    if "threshold_at_precision" in thresholds:
+        thresholds = thresholds["threshold_at_precision"]
+    out = {}
+    for key, value in thresholds.items():
+        if value is None or not math.isfinite(float(value)):
+            continue  # precision level never reached on the calibration split
+        out[format(float(key), "g")] = float(value)
+    return out
+
+
+def thresholds_block(gallery_size: int, thresholds=None, probability=None, calibration=None) -> dict:
+    """The manifest's ``thresholds``: from a :class:`~ce_retrieval.evaluation.split_calibration.Calibration`,
+    recomputed for this gallery's size (guaranteed and estimated thresholds, the probability map at the served
+    base rate, the calibration itself); without one, the given ``thresholds`` and ``probability`` as they are,
+    with no guarantee (``guaranteed`` None: precision queries must then ask for the estimate)."""
+    if calibration is not None:
+        if thresholds is not None or probability is not None:
+            raise ValueError("give a calibration or thresholds/probability, not both")
+        return calibration.for_gallery(gallery_size)
+    return {"threshold_at_precision": normalize_thresholds(thresholds), "probability": probability, "guaranteed": None}
+
+
+def recall_at_10(searcher_rows: np.ndarray, exact_rows: np.ndarray) -> float:
+    """Share of the exact top-k (rows or ids [B, k]) found in the searcher's first k per query."""
+    k = exact_rows.shape[1]
+    hits = [len(np.intersect1d(a[:k], b)) for a, b in zip(searcher_rows, exact_rows, strict=True)]
+    return float(np.sum(hits) / exact_rows.size)
+
+
+def _held_out_like(x: np.ndarray, rng: np.random.Generator, num: int = 1000) -> np.ndarray:
+    """Queries like unseen points of the gallery's distribution: q = normalise(x_i + r_i u_i), r_i the distance
+    from x_i to its nearest other gallery item and u_i a random unit vector. (Gallery points themselves would
+    overstate recall: each sits in its own leaf and is its own nearest neighbour.)"""
+    base = x[rng.choice(len(x), size=min(len(x), num), replace=False)]
+    _, scores = exact_search(base, x, 2)
+    radius = np.sqrt(np.maximum(2.0 - 2.0 * scores[:, 1:2], 0.0))
+    u = rng.normal(size=base.shape).astype(np.float32)
+    q = base + radius * u / np.linalg.norm(u, axis=1, keepdims=True)
+    return (q / np.linalg.norm(q, axis=1, keepdims=True)).astype(np.float32)
+
+
+def _tune_leaves(searcher, queries: np.ndarray, exact_rows: np.ndarray, p: IndexParams, target: float):
+    """Cheapest (leaves_to_search, reorder) on a grid reaching ``target`` recall@10: leaves grow geometrically
+    and, at each, the re-ranking depth is tried at 1x and 4x (hard, diffuse data needs deeper re-ranking
+    rather than more leaves). Returns (leaves, reorder, recall, table)."""
+    grid = sorted(
+        {max(1, math.ceil(p.num_leaves * f)) for f in (0.01, 0.02, 0.04, 0.07, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)}
+    )
+    if p.leaves_to_search is not None:
+        grid = [p.leaves_to_search]
+    table = []
+    for leaves in grid:
+        for reorder in (p.reorder_num_neighbors, 4 * p.reorder_num_neighbors):
+            rows, _ = searcher.search_batched_parallel(queries, 10, reorder, leaves)
+            recall = recall_at_10(np.asarray(rows), exact_rows)
+            table.append({"leaves_to_search": leaves, "reorder_num_neighbors": reorder, "recall_at_10": recall})
+            if recall >= target:
+                return leaves, reorder, recall, table
+    best = max(table, key=lambda r: r["recall_at_10"])
+    return best["leaves_to_search"], best["reorder_num_neighbors"], best["recall_at_10"], table
+
+
+def gallery_tuning_queries(x: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray, str]:
+    """``(queries, own rows, description)`` the approximate threshold search is tuned on when the build has no
+    validation queries: ``THRESHOLD_TUNING_QUERIES`` gallery items, each searched for *without itself* (its own
+    row is dropped from its answer and from its truth). Held-out items are draws of the gallery's distribution, as
+    a query from its clusters is; the nearest-neighbour-moved points of ``_held_out_like`` are not (on the 1M hard
+    gallery, one index: set recall 0.961 for them, 0.993 for items, 0.992 for new draws of the gallery's
+    clusters), and tuning on them took 2x the leaves such traffic needs. Queries unlike the gallery's items are
+    what the per-query familiarity check is for (``threshold_search``)."""
+    n = min(len(x), THRESHOLD_TUNING_QUERIES)
+    rows = np.sort(np.random.default_rng(seed).choice(len(x), size=n, replace=False))
+    return np.asarray(x[rows]), rows, "gallery items as queries, each without itself (no validation queries given)"
+
+
+def _without_own_rows(sets: list[np.ndarray], own_rows: np.ndarray | None) -> list[np.ndarray]:
+    return sets if own_rows is None else [r[r != o] for r, o in zip(sets, own_rows, strict=True)]
+
+
+def tune_threshold_search(
+    searcher,
+    x: np.ndarray,
+    partitions: BallPartitions,
+    params: dict,
+    queries: np.ndarray,
+    source: str,
+    thresholds: dict | None,
+    target: float,
+    own_rows: np.ndarray | None = None,
+) -> dict:
+    """The manifest's ``threshold_search`` block of a ScaNN index, from (at most ``THRESHOLD_TUNING_QUERIES``)
+    tuning ``queries`` (``own_rows``: each query's own gallery row, left out of its answer and truth, for gallery
+    items as queries: :func:`gallery_tuning_queries`):
+
+    * the approximate search's parameters whose set recall (its lower 95 % bound over the queries) reaches
+      ``target`` against exact search at each calibrated threshold and at the threshold where the median query
+      has 100 hits (so a figure exists even when the calibrated thresholds admit no item of this gallery);
+    * ``familiar``: the ``FAMILIAR_QUANTILE`` of the tuning queries' familiarity statistics at those parameters
+      (``threshold_search.familiarity``), the limits of the per-query check;
+    * ``served``: the search as it answers (cost model and familiarity check on) on the same queries: set recall,
+      the share answered exactly, and the set recall of the answers given approximately (the figure each such
+      answer carries)."""
+    q = queries[:THRESHOLD_TUNING_QUERIES]
+    own_rows = None if own_rows is None else own_rows[:THRESHOLD_TUNING_QUERIES]
+    taus = dict(thresholds or {})
+    taus["median_100_hits"] = tau_for_median_hits(q, x, 100 + (own_rows is not None))  # an item is its own hit
+    names = list(taus)
+    exact = exact_sets(q, x, [taus[t] for t in names])
+    truth = {t: _without_own_rows(s, own_rows) for t, s in zip(names, exact, strict=True)}
+    index = GalleryIndex("", {"params": params}, x, np.arange(len(x)), partitions, searcher)
+    index.probe_leaves = PROBE_LEAVES if partitions is not None else 0
+    familiar: dict[tuple[float, str], dict] = {}  # the familiarity statistics of each (tau, params) searched
+
+    def search(queries_, tau, p):
+        rows, _, _, familiar[(tau, repr(p))] = index.approximate_threshold_rows(queries_, tau, p, checks=False)
+        return [np.sort(r) for r in _without_own_rows(rows, own_rows)]
+
+    base = default_threshold_params(len(x), params["reorder_num_neighbors"])
+    base.expand_leaves = partitions is not None
+    every_leaf = params["num_leaves"] / max(1, params["leaves_to_search"])  # the leaves factor that searches all
+
+    def expansion_items(found: list[np.ndarray]) -> float:  # the members of the leaves holding a query's hits
+        sizes = np.diff(partitions.offsets)
+        return float(np.mean([sizes[np.unique(leaf_of_rows(partitions, r))].sum() for r in found]))
+
+    p, chosen, table = tune_threshold_params(
+        search, q, taus, truth, base, target, max_leaves_factor=every_leaf, expansion_items=expansion_items
+    )
+    for tau in taus.values():  # the chosen point's statistics at every threshold (the walk measured them, or now)
+        if (tau, repr(p)) not in familiar:
+            search(q, tau, p)
+    at_p = [familiar[(tau, repr(p))] for tau in taus.values()]  # NaN: queries the rounds did not answer
+    pooled = {name: np.concatenate([f[name] for f in at_p]) for name in at_p[0]}
+    limits = {  # none without partitions (the statistics are of partition leaves) or without an approximate answer
+        name: float(np.quantile(v[np.isfinite(v)], FAMILIAR_QUANTILE))
+        for name, v in pooled.items()
+        if np.isfinite(v).any()
+    }
+    index.threshold_params, index.familiar_limits = p, limits
+    recalls, lower = chosen["set_recall"], chosen["set_recall_lower"]
+    measured = [r for r in recalls.values() if r is not None]
+    bounds = [r for r in lower.values() if r is not None]
+    meets = min(bounds, default=1.0) >= target
+    return {
+        "method": "approximate by default: ScaNN top-k with k grown x"
+        f"{p.growth} from {p.start_k} until the k-th exact score < tau (exact past k = {p.max_k})"
+        + ("; then every item of the partition leaves holding a hit, scored exactly" if p.expand_leaves else "")
+        + "; a query is answered exactly instead when its next step would cost more than a scan (cost model) or "
+        "its hits look unlike the tuning queries' (familiar: spread over leaves, hits missed in probe leaves); "
+        "exact=true: ball-bounded k-means leaves + exact re-scoring, or a scan when pruning cannot win",
+        "default": "approximate" if meets else "exact",
+        "file": PARTITIONS_FILE if partitions is not None else None,
+        "partition_leaves": 0 if partitions is None else len(partitions.offsets) - 1,
+        "approximate": {
+            "params": p.to_json(),
+            "set_recall": recalls,
+            "set_recall_min": min(measured) if measured else None,
+            "set_recall_lower": lower,
+            "set_recall_lower_min": min(bounds) if bounds else None,
+            "confidence": SET_RECALL_CONFIDENCE,
+            "thresholds": taus,
+            "mean_hits": {t: float(np.mean([len(r) for r in truth[t]])) for t in names},
+            "target": target,
+            "meets_target": meets,
+            "num_queries": len(q),
+            "query_source": source,
+            "measured_on": "given_queries" if own_rows is None else "gallery_items",
+            "familiar": None
+            if not limits
+            else {
+                "quantile": FAMILIAR_QUANTILE,
+                "probe_leaves": PROBE_LEAVES,
+                "spread": {
+                    "statistic": f"partition leaves holding the hits the rounds found / (found + {SPREAD_PRIOR:g})",
+                    "limit": limits["spread"],
+                },
+                "missed": {
+                    "statistic": f"hits in the {PROBE_LEAVES} probe leaves (highest mean score, no found hit) / "
+                    f"(found + {SPREAD_PRIOR:g})",
+                    "limit": limits["missed"],
+                },
+            },
+            "served": _served_figures(index, q, own_rows, taus, truth),
+            "tuning": table,
+        },
+    }
+
+
+def _served_figures(index: GalleryIndex, q: np.ndarray, own_rows, taus: dict, truth: dict) -> dict:
+    """The tuned search as it answers (checks on) on the tuning queries: set recall per threshold, the share of
+    queries answered exactly, and ``set_recall_approximate``: the lowest over thresholds of the set recall of the
+    answers it gave approximately."""
+    overall, approximate, exact_share = {}, {}, {}
+    for name, tau in taus.items():
+        rows, _, reasons, _ = index.approximate_threshold_rows(q, tau, index.threshold_params)
+        found = [np.sort(r) for r in _without_own_rows(rows, own_rows)]
+        approx = [i for i, r in enumerate(reasons) if r == APPROXIMATE]
+        overall[name] = set_recall(found, truth[name])
+        approximate[name] = set_recall([found[i] for i in approx], [truth[name][i] for i in approx])
+        exact_share[name] = 1.0 - len(approx) / len(q)
+    measured = [r for r in approximate.values() if r is not None]
+    return {
+        "set_recall": overall,
+        "exact_share": exact_share,
+        "set_recall_approximate_by_threshold": approximate,
+        "set_recall_approximate": min(measured) if measured else None,
+    }
+
+
+def model_block(meta: dict) -> dict:
+    """The manifest's ``model`` block: what binds an index to the export (image encoder metadata) that built it."""
+    return {
+        "fingerprint": meta["fingerprint"],
+        "export_id": meta["export_id"],
+        "embedding_dim": meta["embedding_dim"],
+        "normalization": meta.get("normalization", "l2"),
+        "logit_scale": meta.get("logit_scale"),
+        "logit_bias": meta.get("logit_bias"),
+    }
+
+
+def resolve_version(export_dir: str, version: int | None) -> tuple[int, dict]:
+    """``(version, image encoder metadata)``: the given export version, or the newest complete one."""
+    if version is None:
+        complete = layout.complete_versions(export_dir)
+        if not complete:
+            raise FileNotFoundError(f"{export_dir} holds no complete export; run `ce-retrieval export` first")
+        version = complete[-1]
+    return int(version), layout.export_metadata(export_dir, layout.IMAGE_ENCODER, version)
+
+
+def check_gallery(embeddings, ids, embedding_dim: int, version: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(x float32 [n, d] C-contiguous, ids int64 [n])`` after checking shape, dimension, unique ids and unit
+    norms; ``ValueError`` naming the problem otherwise."""
+    x = np.ascontiguousarray(embeddings, dtype=np.float32)
+    ids = np.asarray(ids, dtype=np.int64)
+    if x.ndim != 2 or x.shape[0] == 0:
+        raise ValueError(f"embeddings must be a non-empty [n, d] array, got shape {x.shape}")
+    if x.shape[1] != embedding_dim:
+        where = f"export version {version}" if version is not None else "the model"
+        raise ValueError(f"embeddings have dimension {x.shape[1]} but {where} has {embedding_dim}")
+    if ids.shape != (len(x),):
+        raise ValueError(f"ids must have shape ({len(x)},), got {ids.shape}")
+    if len(np.unique(ids)) != len(ids):
+        raise ValueError("gallery ids must be unique")
+    # in blocks: a whole-gallery x * x temporary would double the memory of a large build
+    block = 1 << 18
+    norms = np.concatenate([np.linalg.norm(x[i : i + block], axis=1) for i in range(0, len(x), block)])
+    if not np.all(np.isfinite(norms)) or np.max(np.abs(norms - 1.0)) > 1e-3:
+        raise ValueError("gallery embeddings must be finite and L2-normalised (use the exported image encoder)")
+    return x, ids
+
+
+def evaluation_queries(x: np.ndarray, queries, seed: int) -> tuple[np.ndarray, str]:
+    """Queries for measuring recall@10 at build time, and their description: at most 1,000 of the given ones
+    (a seeded sample, so every shard of a sharded build and its global check use the same ones), otherwise
+    held-out-like points near the gallery ``x``."""
+    rng = np.random.default_rng(seed)
+    if queries is None:
+        return _held_out_like(x, rng), "gallery sample moved by its nearest-neighbour distance (held-out-like)"
+    q = np.asarray(queries, dtype=np.float32)
+    return q[rng.choice(len(q), size=min(len(q), 1000), replace=False)], "given queries"
+
+
+def write_index_folder(
+    embeddings,
+    ids,
+    folder: str,
+    meta: dict,
+    *,
+    version: int,
+    thresholds=None,
+    queries=None,
+    target_recall: float = 0.95,
+    brute_force_below: int = BRUTE_FORCE_BELOW,
+    params: IndexParams | None = None,
+    gallery_info: dict | None = None,
+    seed: int = 0,
+    target_set_recall: float = TARGET_SET_RECALL,
+    probability: dict | None = None,
+    calibration=None,
+    threshold_partitions: bool = True,
+) -> dict:
+    """Writes one index folder (format ``ce_retrieval.index/1``) into the existing, empty ``folder`` and returns
+    its manifest. ``meta`` is the image encoder's export metadata. The folder is loaded back with
+    :meth:`GalleryIndex.load` before this returns. Publishing it (atomically) is the caller's job: ``build_index``
+    writes into its temporary version folder, the sharded builder into one subfolder of it per shard.
+
+    ``threshold_partitions=False`` skips the threshold partitions (the k-means of ~128 items a leaf: about a
+    quarter of a 1M build, ``build_phases_seconds`` in the manifest): the approximate threshold search then has no
+    leaf expansion, no probe and no familiarity check (its answers carry the measured figure for every query), and
+    the exact one is a plain scan."""
+    start = time.time()
+    x, ids = check_gallery(embeddings, ids, meta["embedding_dim"], version)
+    n = len(x)
+    thresholds_out = thresholds_block(n, thresholds, probability, calibration)
+    kind = "brute_force" if n < brute_force_below else "scann"
+    p = default_params(n, params)
+    phases, lap = {}, [time.time()]  # seconds of the build's steps (the threshold search's share: issue #32)
+
+    def phase(name: str) -> None:
+        phases[name] = round(time.time() - lap[0], 3)
+        lap[0] = time.time()
+
+    if kind == "scann":
+        partitions = None
+        if threshold_partitions:
+            partition_leaves = min(max(n // PARTITION_LEAF_ITEMS, p.num_leaves), MAX_PARTITION_LEAVES)
+            order, partitions = build_partitions(x, partition_leaves, seed=seed)
+            x, ids = np.ascontiguousarray(x[order]), ids[order]
+            partitions.save(os.path.join(folder, PARTITIONS_FILE))
+        phase("threshold_partitions")
+        searcher = build_scann(x, p)
+        q, source = evaluation_queries(x, queries, seed)
+        exact_rows, _ = exact_search(q, x, 10)
+        p.leaves_to_search, p.reorder_num_neighbors, recall, table = _tune_leaves(
+            searcher, q, exact_rows, p, target_recall
+        )
+        os.mkdir(os.path.join(folder, SCANN_DIR))  # mkdir, not makedirs: never re-creates a removed temporary folder
+        searcher.serialize(os.path.join(folder, SCANN_DIR), relative_path=True)
+        recall_info = {
+            "recall_at_10": recall,
+            "target": target_recall,
+            "meets_target": recall >= target_recall,
+            "num_queries": len(q),
+            "query_source": source,
+            "tuning": table,
+        }
+        params_out = dataclasses.asdict(p)
+        phase("scann_and_top10_tuning")
+        own_rows = None
+        if queries is None:  # tuned on gallery items, not on the top-10 tuning's moved points (gallery_tuning_queries)
+            q, own_rows, source = gallery_tuning_queries(x, seed)
+        threshold_info = tune_threshold_search(
+            searcher,
+            x,
+            partitions,
+            params_out,
+            q,
+            source,
+            thresholds_out["threshold_at_precision"],
+            target_set_recall,
+            own_rows=own_rows,
+        )
+        phase("threshold_tuning")
+    else:
+        threshold_info = {"method": "exact: brute force", "default": "exact", "file": None}
+        params_out = {"exact": True}
+        recall_info = {
+            "recall_at_10": 1.0,
+            "target": target_recall,
+            "meets_target": True,
+            "num_queries": 0,
+            "query_source": "exact search (gallery below brute_force_below)",
+        }
+    np.save(os.path.join(folder, EMBEDDINGS_FILE), x)
+    np.save(os.path.join(folder, IDS_FILE), ids)
+    manifest = {
+        "format": INDEX_FORMAT,
+        "version": int(version),
+        "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "build_seconds": round(time.time() - start, 3),
+        "build_phases_seconds": phases,
+        "model": model_block(meta),
+        "score": SCORE,
+        "num_items": n,
+        "ids": {
+            "file": IDS_FILE,
+            "dtype": "int64",
+            "count": n,
+            "sha256": ids_digest(ids),
+            "min": int(ids.min()),
+            "max": int(ids.max()),
+        },
+        "embeddings": {
+            "file": EMBEDDINGS_FILE,
+            "dtype": "float32",
+            "order": "leaf" if kind == "scann" and threshold_partitions else "input",
+            "sha256": embeddings_digest(x),
+        },
+        "kind": kind,
+        "brute_force_below": brute_force_below,
+        "params": params_out,
+        "threshold_search": threshold_info,
+        "ann": recall_info,
+        "thresholds": thresholds_out,
+        "gallery": gallery_info or {},
+    }
+    layout.write_json(os.path.join(folder, layout.INDEX_MANIFEST), manifest)
+    GalleryIndex.load(folder, expected_model=meta, mmap=True)  # the folder must load before it is published
+    return manifest
+
+
+def build_index(
+    embeddings,
+    ids,
+    export_dir: str,
+    version: int | None = None,
+    *,
+    thresholds=None,
+    queries=None,
+    target_recall: float = 0.95,
+    brute_force_below: int = BRUTE_FORCE_BELOW,
+    params: IndexParams | None = None,
+    overwrite: bool = False,
+    gallery_info: dict | None = None,
+    seed: int = 0,
+    target_set_recall: float = TARGET_SET_RECALL,
+    probability: dict | None = None,
+    calibration=None,
+    threshold_partitions: bool = True,
+) -> dict:
+    """Builds and publishes ``<export_dir>/index/<version>/`` for gallery ``embeddings`` [n, d] with ``ids`` [n].
+
+    ``embeddings`` must come from ``image_encoder/<version>`` (unit norm). ``thresholds`` maps a precision
+    level to the score reaching it on a validation split (``evaluation.calibration.global_pr_auc``'s
+    ``threshold_at_precision``). ``queries`` (unit vectors, e.g. validation caption embeddings) are used to
+    measure ANN recall@10 and the approximate threshold search's set recall (target ``target_set_recall``); by
+    default a sample of the gallery. ``probability``: a score -> P(relevant) map fitted on the calibration split
+    (``evaluation.probability.fit_probability_map(...).to_json()``), stored beside the thresholds.
+    ``calibration`` (``evaluation.split_calibration.calibrate_split(...)``) replaces both: the thresholds are then
+    derived for this gallery's size, with the guarantee beside the estimate. ``threshold_partitions=False``: a
+    faster build without the threshold search's partitions (``write_index_folder``). Returns the manifest.
+    """
+    export_dir = os.path.abspath(export_dir)
+    version, meta = resolve_version(export_dir, version)
+    x, ids = check_gallery(embeddings, ids, meta["embedding_dim"], version)
+    final = layout.version_dir(export_dir, layout.INDEX, version)
+    if os.path.exists(final) and not overwrite:
+        raise FileExistsError(f"{final} already exists (pass overwrite=True / --overwrite to replace it atomically)")
+    with atomic_directory(final, overwrite=overwrite) as tmp:  # published only if everything below succeeds
+        return write_index_folder(
+            x,
+            ids,
+            tmp,
+            meta,
+            version=version,
+            thresholds=thresholds,
+            queries=queries,
+            target_recall=target_recall,
+            brute_force_below=brute_force_below,
+            params=params,
+            gallery_info=gallery_info,
+            seed=seed,
+            target_set_recall=target_set_recall,
+            probability=probability,
+            calibration=calibration,
+            threshold_partitions=threshold_partitions,
+        )

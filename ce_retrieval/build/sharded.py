@@ -1,0 +1,509 @@
+"""A gallery index split into shards: built in parallel processes, searched with an exact merge.
+
+One index folder must fit one machine's memory and one build process's time; a sharded index splits the gallery
+into S disjoint shards, each an ordinary index folder (``ce_retrieval.index/1``, loadable by
+:meth:`GalleryIndex.load` and servable on its own machine), under one version folder:
+
+    <export_dir>/index/<version>/
+        manifest.json                   format ce_retrieval.sharded_index/1: model, thresholds, shard list, ANN recall
+        shard-00000-of-00008/           an ordinary index folder (manifest.json, embeddings.npy, ids.npy, ...)
+        ...
+        shard-00007-of-00008/
+
+Why each piece:
+
+* **Assignment** ``shard = splitmix64(uint64(id)) mod S`` (:mod:`ce_retrieval.search.assignment`, shared with the
+  Beam pipeline) depends on the gallery id only, so an id always lands in the same shard (a rebuild, an incremental
+  build or a router can compute it without a lookup table), and splitmix64 spreads consecutive ids evenly.
+* **Exact merge** (:mod:`ce_retrieval.search.merge`): scores are absolute calibrated cosines, so the global top-k
+  is the top-k of the shards' top-k lists and a threshold answer is the union of the shards' answers. Brute-force
+  shards therefore give exactly the single-index answer; ScaNN shards give the merge of their own ANN answers.
+* **One global threshold**: a calibrated threshold is a score, not a rank, so it means the same on every shard.
+* **Parallel build**: shards are built by a pool of ``workers`` processes started with "spawn" (never fork: the
+  parent may already run TensorFlow / ScaNN / BLAS threads). Shard inputs go to the workers as ``.npy`` files in
+  the temporary version folder, not as pickled arrays. The whole version folder, shards included, is published
+  with one atomic rename (``atomic_directory``), so it is invisible until complete; a killed build leaves only a
+  hidden temporary folder, removed by the next build.
+* **Checks at load**: the top-level manifest must agree with every shard (model block, item counts, ids and
+  embeddings checksums, assignment of every id); otherwise ``IndexMismatchError`` naming the shard.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import datetime
+import multiprocessing
+import os
+import shutil
+import threading
+import time
+
+import numpy as np
+
+from ce_retrieval.search.ann import IndexParams
+from ce_retrieval.search.exact import exact_search
+from ce_retrieval.search import layout
+from ce_retrieval.search.assignment import SHARD_ASSIGNMENT, shard_name, shard_of, splitmix64
+from ce_retrieval.search.gallery import (
+    INDEX_FORMAT,
+    SHARDED_FORMAT,
+    GalleryIndex,
+    IndexMismatchError,
+    check_compatible,
+    embeddings_digest,
+)
+from ce_retrieval.build.index import (
+    BRUTE_FORCE_BELOW,
+    SCORE,
+    check_gallery,
+    evaluation_queries,
+    model_block,
+    normalize_thresholds,
+    recall_at_10,
+    resolve_version,
+    thresholds_block,
+    write_index_folder,
+)
+from ce_retrieval.search.merge import merge_threshold, merge_topk
+from ce_retrieval.search.threshold import ThresholdAnswer, merge_answers
+from ce_retrieval.utils.atomic import atomic_directory
+
+__all__ = [
+    "SHARD_ASSIGNMENT",
+    "ShardBuildError",
+    "ShardedIndex",
+    "build_sharded_index",
+    "load_index",
+    "shard_name",
+    "shard_of",
+    "splitmix64",
+]
+
+_INPUTS_DIR = ".inputs"  # shard inputs for the workers, inside the temporary version folder; removed before publish
+
+
+class ShardBuildError(RuntimeError):
+    """Building one shard failed (the message names it); nothing was published."""
+
+
+# ------------------------------------------------------------------------------------------------------ build
+def _build_shard(task: dict) -> dict:
+    """Worker: builds one shard folder from its input files (runs in a pool process or in the caller)."""
+    from threadpoolctl import threadpool_limits  # a scikit-learn dependency
+
+    x = np.load(task["x"])
+    ids = np.load(task["ids"])
+    queries = np.load(task["queries"]) if task["queries"] else None
+    os.mkdir(task["folder"])  # mkdir, not makedirs: never re-creates the temporary folder of an abandoned build
+    # BLAS threads per worker: the machine's cores shared by the parallel workers, not each taking them all
+    with threadpool_limits(limits=task["blas_threads"]):
+        return write_index_folder(
+            x,
+            ids,
+            task["folder"],
+            task["meta"],
+            version=task["version"],
+            thresholds=task["thresholds"],
+            queries=queries,
+            target_recall=task["target_recall"],
+            brute_force_below=task["brute_force_below"],
+            params=task["params"],
+            gallery_info=task["gallery_info"],
+            seed=task["seed"],
+            probability=task["probability"],
+            calibration=task["calibration"],
+        )
+
+
+def _run_tasks(tasks: list[dict], workers: int) -> dict[str, dict]:
+    """Shard manifests by shard name; the first failure cancels the shards not started yet and is re-raised as
+    ``ShardBuildError`` naming its shard (after the running ones finished, so no worker writes on)."""
+    results: dict[str, dict] = {}
+    if workers == 1:  # nothing to parallelise: no process start-up (each would import TensorFlow and ScaNN)
+        for task in tasks:
+            try:
+                results[task["name"]] = _build_shard(task)
+            except Exception as e:
+                raise ShardBuildError(f"building {task['name']} failed: {type(e).__name__}: {e}") from e
+        return results
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        futures = {pool.submit(_build_shard, task): task["name"] for task in tasks}
+        for future in concurrent.futures.as_completed(futures):
+            name = futures[future]
+            try:
+                results[name] = future.result()
+            except Exception as e:
+                for other in futures:
+                    other.cancel()
+                hint = ""
+                if isinstance(e, concurrent.futures.BrokenExecutor):
+                    hint = (
+                        " (a worker process died: killed, out of memory, or started from a script without the "
+                        "`if __name__ == '__main__':` guard that spawned processes need; workers=1 builds in-process)"
+                    )
+                raise ShardBuildError(f"building {name} failed: {type(e).__name__}: {e}{hint}") from e
+    return results
+
+
+def _global_ann(index: ShardedIndex, x: np.ndarray, ids: np.ndarray, queries, seed: int, target: float) -> dict:
+    """Recall@10 of the merged sharded top-10 against one exact search over the whole gallery."""
+    shard_recalls = [s.manifest["ann"]["recall_at_10"] for s in index.shards]
+    common = {
+        "target": target,
+        "shard_recall_at_10_min": min(shard_recalls),
+        "all_shards_meet_target": all(s.manifest["ann"]["meets_target"] for s in index.shards),
+        "merge": "exact: top-k of the union of the shards' top-k lists (score descending, then id ascending)",
+    }
+    if all(s.scann is None for s in index.shards):
+        return {
+            "recall_at_10": 1.0,
+            "meets_target": True,
+            "num_queries": 0,
+            "query_source": "exact search (every shard below brute_force_below)",
+            **common,
+        }
+    q, source = evaluation_queries(x, queries, seed)
+    exact_rows, _ = exact_search(q, x, 10)
+    got_ids, _ = index.topk(q, 10)
+    recall = recall_at_10(got_ids, ids[exact_rows])
+    return {
+        "recall_at_10": recall,
+        "meets_target": recall >= target,
+        "num_queries": len(q),
+        "query_source": source,
+        **common,
+    }
+
+
+def build_sharded_index(
+    embeddings,
+    ids,
+    export_dir: str,
+    version: int | None = None,
+    *,
+    num_shards: int,
+    workers: int | None = None,
+    thresholds=None,
+    queries=None,
+    target_recall: float = 0.95,
+    brute_force_below: int = BRUTE_FORCE_BELOW,
+    params: IndexParams | None = None,
+    overwrite: bool = False,
+    gallery_info: dict | None = None,
+    seed: int = 0,
+    probability: dict | None = None,
+    calibration=None,
+) -> dict:
+    """Builds and publishes a sharded ``<export_dir>/index/<version>/`` of ``num_shards`` shards; returns the
+    top-level manifest.
+
+    Arguments as for :func:`ce_retrieval.build.index.build_index`; each shard is an ordinary index of its own
+    items (ScaNN when it holds at least ``brute_force_below`` of them, tuned for ``target_recall`` on the same
+    ``queries``), carrying the same thresholds (from a ``calibration``: derived for the shard's own size, and the
+    top-level manifest's for the whole gallery). ``workers`` processes build shards in parallel (default
+    ``min(num_shards, os.cpu_count())``, or 1 when every shard is below ``brute_force_below``; 1 builds them one
+    after another in this process). The merged top-10 is measured against exact search over the whole gallery
+    and recorded under ``ann``.
+    """
+    start = time.time()
+    export_dir = os.path.abspath(export_dir)
+    version, meta = resolve_version(export_dir, version)
+    x, ids = check_gallery(embeddings, ids, meta["embedding_dim"], version)
+    assignment, counts = _assign(ids, num_shards)
+    num_shards = len(counts)
+    workers = _worker_count(workers, num_shards, int(counts.max()) >= brute_force_below)
+    thresholds_out = thresholds_block(len(x), thresholds, probability, calibration)  # the whole gallery's size
+    thresholds = normalize_thresholds(thresholds)
+    final = layout.version_dir(export_dir, layout.INDEX, version)
+    if os.path.exists(final) and not overwrite:
+        raise FileExistsError(f"{final} already exists (pass overwrite=True / --overwrite to replace it atomically)")
+
+    with atomic_directory(final, overwrite=overwrite) as tmp:  # published only if every shard and check succeeds
+        inputs = os.path.join(tmp, _INPUTS_DIR)
+        os.mkdir(inputs)
+        common = {
+            "meta": meta,
+            "version": version,
+            "thresholds": thresholds,
+            "target_recall": target_recall,
+            "brute_force_below": brute_force_below,
+            "params": params,
+            "seed": seed,
+            "probability": probability,
+            "calibration": calibration,
+            "blas_threads": None if workers == 1 else max(1, (os.cpu_count() or 1) // workers),
+        }
+        tasks = _write_shard_inputs(tmp, inputs, x, ids, assignment, num_shards, queries, gallery_info, common)
+        built = _run_tasks(tasks, workers)
+        shutil.rmtree(inputs)
+        manifest = {
+            "format": SHARDED_FORMAT,
+            "version": version,
+            "kind": "sharded",
+            "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "model": model_block(meta),
+            "score": SCORE,
+            "num_items": len(x),
+            "num_shards": num_shards,
+            "shard_assignment": SHARD_ASSIGNMENT,
+            "shards": [_shard_entry(task["name"], built[task["name"]]) for task in tasks],
+            "brute_force_below": brute_force_below,
+            "workers": workers,
+            "threshold_search": threshold_search_summary([built[task["name"]] for task in tasks]),
+            "thresholds": thresholds_out,
+            "gallery": gallery_info or {},
+        }
+        shards = [GalleryIndex.load(task["folder"], expected_model=meta, mmap=True) for task in tasks]
+        index = ShardedIndex(tmp, manifest, shards)  # checks the manifest against the shards
+        try:
+            manifest["ann"] = _global_ann(index, x, ids, queries, seed, target_recall)
+        finally:
+            index.close()
+        manifest["build_seconds"] = round(time.time() - start, 3)
+        layout.write_json(os.path.join(tmp, layout.INDEX_MANIFEST), manifest)
+        ShardedIndex.load(tmp, expected_model=meta, mmap=True).close()  # the folder must load before it is published
+    return manifest
+
+
+def _assign(ids: np.ndarray, num_shards) -> tuple[np.ndarray, np.ndarray]:
+    """The shard of every id and the number of ids per shard; refuses a shard count that leaves a shard empty."""
+    n = len(ids)
+    if isinstance(num_shards, bool) or not isinstance(num_shards, int | np.integer):
+        raise TypeError(f"num_shards must be an integer, got {num_shards!r}")
+    num_shards = int(num_shards)
+    if not 1 <= num_shards <= n:
+        raise ValueError(f"num_shards must be between 1 and the gallery size {n}, got {num_shards}")
+    assignment = shard_of(ids, num_shards)
+    counts = np.bincount(assignment, minlength=num_shards)
+    empty = [shard_name(i, num_shards) for i in np.flatnonzero(counts == 0)]
+    if empty:
+        raise ValueError(
+            f"{empty[0]} would be empty ({len(empty)} of {num_shards} shards get no id of the {n}-item gallery); "
+            "use fewer shards"
+        )
+    return assignment, counts
+
+
+def _worker_count(workers: int | None, num_shards: int, any_scann_shard: bool) -> int:
+    """Build processes: as asked (at most one per shard), by default one per shard up to the CPU count, and 1
+    when every shard is brute force (they only store their arrays: not worth starting processes for)."""
+    if workers is None:
+        workers = min(num_shards, os.cpu_count() or 1) if any_scann_shard else 1
+    workers = int(workers)
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    return min(workers, num_shards)
+
+
+def _write_shard_inputs(
+    tmp: str, inputs: str, x, ids, assignment, num_shards: int, queries, gallery_info, common: dict
+) -> list[dict]:
+    """Saves each shard's rows (input order kept within a shard) and the queries as ``.npy`` files under
+    ``inputs`` for the workers; returns one :func:`_build_shard` task per shard."""
+    queries_file = None
+    if queries is not None:
+        queries_file = os.path.join(inputs, "queries.npy")
+        np.save(queries_file, np.asarray(queries, dtype=np.float32))
+    tasks = []
+    for i in range(num_shards):
+        name = shard_name(i, num_shards)
+        rows = np.flatnonzero(assignment == i)
+        np.save(os.path.join(inputs, f"{name}-x.npy"), x[rows])
+        np.save(os.path.join(inputs, f"{name}-ids.npy"), ids[rows])
+        tasks.append(
+            {
+                "name": name,
+                "folder": os.path.join(tmp, name),
+                "x": os.path.join(inputs, f"{name}-x.npy"),
+                "ids": os.path.join(inputs, f"{name}-ids.npy"),
+                "queries": queries_file,
+                "gallery_info": dict(gallery_info or {}, shard=name, num_shards=num_shards),
+                **common,
+            }
+        )
+    return tasks
+
+
+def threshold_search_summary(built: list[dict]) -> dict:
+    """How the shards answer threshold queries: each runs its own search (approximate where its build measured the
+    set recall target, else exact) and the union is exact over what they return, so the merged set recall is at
+    least the lowest shard's (it is the hit-weighted mean of theirs)."""
+    approx = [b["threshold_search"].get("approximate") for b in built]
+    recalls = [a["set_recall_min"] for a in approx if a and a.get("set_recall_min") is not None]
+    return {
+        "method": "union of the shards' threshold answers (each shard: its own manifest's threshold_search)",
+        "shard_defaults": [b["threshold_search"]["default"] for b in built],
+        "shard_set_recall_min": min(recalls) if recalls else None,
+    }
+
+
+def _shard_entry(name: str, built: dict) -> dict:
+    """A shard's line in the top-level manifest, from the manifest its build wrote."""
+    return {
+        "name": name,
+        "num_items": built["num_items"],
+        "ids_sha256": built["ids"]["sha256"],
+        "embeddings_sha256": built["embeddings"]["sha256"],
+        "kind": built["kind"],
+        "recall_at_10": built["ann"]["recall_at_10"],
+        "build_seconds": built["build_seconds"],
+    }
+
+
+# ------------------------------------------------------------------------------------------------------- load
+class ShardedIndex:
+    """Searches a sharded index folder: the interface of :class:`GalleryIndex` (``topk``, ``threshold``,
+    ``len``, ``dim``, ``manifest``, ``path``) over ``shards``, fanned out to a thread pool and merged exactly.
+    Safe to share between threads."""
+
+    def __init__(self, path: str, manifest: dict, shards: list[GalleryIndex]):
+        self.path, self.manifest, self.shards = path, manifest, list(shards)
+        _check_shards(path, manifest, self.shards)
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return sum(len(s) for s in self.shards)
+
+    @property
+    def dim(self) -> int:
+        return self.shards[0].dim
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.shards)
+
+    @classmethod
+    def load(
+        cls, path: str, expected_model: dict | None = None, mmap: bool = True, *, verify_embeddings: bool = False
+    ) -> ShardedIndex:
+        """Loads a sharded index folder and every shard; with ``expected_model`` (the export metadata), refuses
+        an index of another model. ``verify_embeddings`` also re-hashes every shard's embeddings (reads them
+        whole). Raises ``IndexMismatchError`` naming the shard that disagrees with the top-level manifest."""
+        path = os.path.abspath(path)
+        manifest = layout.read_json(os.path.join(path, layout.INDEX_MANIFEST))
+        if manifest.get("format") != SHARDED_FORMAT:
+            raise IndexMismatchError(
+                f"{path}: format {manifest.get('format')!r} is not a sharded index ({SHARDED_FORMAT!r})"
+            )
+        if expected_model is not None:
+            check_compatible(manifest, expected_model, path)
+        entries = manifest.get("shards") or []
+        shards = []
+        for entry in entries:
+            folder = os.path.join(path, str(entry.get("name")))
+            if not os.path.isdir(folder):
+                raise IndexMismatchError(f"{path}: shard {entry.get('name')} is missing")
+            try:
+                shard = GalleryIndex.load(folder, expected_model=expected_model, mmap=mmap)
+            except (OSError, ValueError, KeyError) as e:  # IndexMismatchError is a ValueError
+                raise IndexMismatchError(f"{path}: shard {entry['name']} cannot be served: {e}") from e
+            if verify_embeddings and embeddings_digest(shard.embeddings) != entry.get("embeddings_sha256"):
+                raise IndexMismatchError(
+                    f"{path}: shard {entry['name']}: embeddings do not match the top-level manifest's checksum"
+                )
+            shards.append(shard)
+        return cls(path, manifest, shards)
+
+    def _executor(self) -> concurrent.futures.ThreadPoolExecutor:
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=len(self.shards), thread_name_prefix="shard-search"
+                )
+            return self._pool
+
+    def _map(self, fn) -> list:
+        if len(self.shards) == 1:
+            return [fn(self.shards[0])]
+        return list(self._executor().map(fn, self.shards))
+
+    def topk(self, queries: np.ndarray, k: int, **kw) -> tuple[np.ndarray, np.ndarray]:
+        """Gallery ids [B, k'] and scores [B, k'], k' = min(k, len(self)): the exact merge of every shard's
+        ``topk`` (keyword arguments such as ``exact=True`` go to each shard)."""
+        queries = np.ascontiguousarray(queries, dtype=np.float32)
+        answers = self._map(lambda shard: shard.topk(queries, k, **kw))
+        return merge_topk([a[0] for a in answers], [a[1] for a in answers], k)
+
+    def threshold(
+        self, queries: np.ndarray, threshold: float, *, exact: bool | None = None, limit: int | None = None
+    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Per query, ids and scores (descending, ties by id) of the items with score >= threshold: every shard runs
+        ``GalleryIndex.threshold`` (``exact`` / ``limit`` as there) and the union of their answers is merged
+        exactly (with ``limit``, the best ``limit + 1`` of the union, so the caller still sees that it was cut)."""
+        ids, scores, _ = self.answer_threshold(queries, threshold, exact=exact, limit=limit)
+        return ids, scores
+
+    def answer_threshold(
+        self, queries: np.ndarray, threshold: float, *, exact: bool | None = None, limit: int | None = None
+    ) -> tuple[list[np.ndarray], list[np.ndarray], list[ThresholdAnswer]]:
+        """``threshold`` with each query's answer merged over the shards (``threshold_search.merge_answers``:
+        exact where every shard's is, else approximate with the lowest shard figure)."""
+        queries = np.ascontiguousarray(queries, dtype=np.float32)
+        answers = self._map(lambda shard: shard.answer_threshold(queries, threshold, exact=exact, limit=limit))
+        ids, scores = merge_threshold(
+            [a[0] for a in answers], [a[1] for a in answers], None if limit is None else int(limit) + 1
+        )
+        per_query = zip(*(a[2] for a in answers), strict=True)  # [shard][query] -> [query][shard]
+        return ids, scores, [merge_answers(list(shards)) for shards in per_query]
+
+    def close(self) -> None:
+        """Stops the search threads (they also stop when the index is garbage-collected)."""
+        with self._pool_lock:
+            if self._pool is not None:
+                self._pool.shutdown(wait=False)
+                self._pool = None
+
+
+def _check_shards(path: str, manifest: dict, shards: list[GalleryIndex]) -> None:
+    """``IndexMismatchError`` naming the first shard that disagrees with the top-level manifest."""
+    if manifest.get("format") != SHARDED_FORMAT:
+        raise IndexMismatchError(f"{path}: format {manifest.get('format')!r} is not {SHARDED_FORMAT!r}")
+    if manifest.get("shard_assignment") != SHARD_ASSIGNMENT:
+        raise IndexMismatchError(f"{path}: unknown shard assignment rule {manifest.get('shard_assignment')!r}")
+    num_shards = manifest.get("num_shards")
+    entries = manifest.get("shards") or []
+    if not isinstance(num_shards, int) or num_shards < 1 or len(entries) != num_shards or len(shards) != num_shards:
+        raise IndexMismatchError(
+            f"{path}: num_shards {num_shards!r}, {len(entries)} shard entries and {len(shards)} shard folders differ"
+        )
+    for i, (entry, shard) in enumerate(zip(entries, shards, strict=True)):
+        name = shard_name(i, num_shards)
+        m = shard.manifest
+        problem = None
+        if entry.get("name") != name:
+            problem = f"entry {i} is named {entry.get('name')!r}, expected {name!r}"
+        elif m.get("format") != INDEX_FORMAT:
+            problem = f"format {m.get('format')!r} is not {INDEX_FORMAT!r}"
+        elif m.get("model") != manifest.get("model"):
+            problem = "its model block differs from the top-level manifest's (built by another export)"
+        elif m.get("num_items") != entry.get("num_items"):
+            problem = f"holds {m.get('num_items')} items, the top-level manifest says {entry.get('num_items')}"
+        elif m["ids"]["sha256"] != entry.get("ids_sha256"):
+            problem = "its ids do not match the top-level manifest's checksum"
+        elif m["embeddings"].get("sha256") != entry.get("embeddings_sha256"):
+            problem = "its embeddings checksum does not match the top-level manifest's"
+        elif m.get("kind") != entry.get("kind"):
+            problem = f"kind {m.get('kind')!r} != {entry.get('kind')!r} in the top-level manifest"
+        elif np.any(shard_of(shard.ids, num_shards) != i):
+            problem = "holds ids that the assignment rule puts in other shards"
+        if problem:
+            raise IndexMismatchError(f"{path}: shard {entry.get('name', name)}: {problem}")
+    total = sum(len(s) for s in shards)
+    if total != manifest.get("num_items"):
+        raise IndexMismatchError(
+            f"{path}: the shards hold {total} items, the top-level manifest says {manifest.get('num_items')}"
+        )
+
+
+def load_index(path: str, expected_model: dict | None = None, mmap: bool = True) -> GalleryIndex | ShardedIndex:
+    """Loads ``<export_dir>/index/<version>/`` whatever its layout: a :class:`GalleryIndex` for a single index
+    folder, a :class:`ShardedIndex` for a sharded one (chosen by the manifest's ``format``)."""
+    path = os.path.abspath(path)
+    fmt = layout.read_json(os.path.join(path, layout.INDEX_MANIFEST)).get("format")
+    if fmt == SHARDED_FORMAT:
+        return ShardedIndex.load(path, expected_model=expected_model, mmap=mmap)
+    if fmt == INDEX_FORMAT:
+        return GalleryIndex.load(path, expected_model=expected_model, mmap=mmap)
+    raise IndexMismatchError(f"{path}: unknown index format {fmt!r} (expected {INDEX_FORMAT!r} or {SHARDED_FORMAT!r})")
