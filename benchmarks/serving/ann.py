@@ -28,7 +28,7 @@ from benchmarks.common.galleries import clustered  # noqa: E402
 from benchmarks.common.records import write_record  # noqa: E402
 from ce_retrieval.search.ann import IndexParams, build_scann, default_params  # noqa: E402
 from ce_retrieval.search.exact import exact_search  # noqa: E402
-from ce_retrieval.search.partitions import build_partitions, threshold_search  # noqa: E402
+from ce_retrieval.search.partitions import build_partitions, exact_threshold_search  # noqa: E402
 
 
 def recall(found, truth):
@@ -206,8 +206,8 @@ def main():
     qs = q[:200]
     (_, s100), _ = timed(exact_search, qs, x, 100)
     tau = float(np.median(s100[:, -1]))
-    (r_part, _, scored), t_part = timed(threshold_search, qs, xs, tau, parts)
-    (r_brute, _, _), t_brute = timed(threshold_search, qs, xs, tau, None)
+    (r_part, _, scored), t_part = timed(exact_threshold_search, qs, xs, tau, parts)
+    (r_brute, _, _), t_brute = timed(exact_threshold_search, qs, xs, tau, None)
     assert [sorted(a.tolist()) for a in r_part] == [sorted(a.tolist()) for a in r_brute]
     info["threshold_search"] = {
         "tau": tau,

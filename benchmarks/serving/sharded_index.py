@@ -211,8 +211,8 @@ def _http_load(url: str, captions: list[str], clients: int, seconds: float) -> d
 
 
 def part_search(args) -> dict:
-    from ce_retrieval.build.sharded import load_index
     from ce_retrieval.search.gallery import GalleryIndex
+    from ce_retrieval.search.sharded import load_index
     from ce_retrieval.serve.service import create_app, serve_in_thread
 
     w = args.workdir
@@ -272,8 +272,8 @@ def part_search(args) -> dict:
 def part_leaves(args) -> dict:
     """Recall@10 and one-query latency in-process at equal work: both indexes searching the same fraction of their
     leaves (the sharded one in every shard), 1 % to 8 %."""
-    from ce_retrieval.build.sharded import load_index
     from ce_retrieval.search.gallery import GalleryIndex
+    from ce_retrieval.search.sharded import load_index
 
     w = args.workdir
     q, truth = np.load(os.path.join(w, "queries.npy")), np.load(os.path.join(w, "truth.npy"))

@@ -48,7 +48,7 @@ from benchmarks.common.records import write_json  # noqa: E402
 from benchmarks.serving.threshold_search import MODEL, QUERY_STREAM, SEED, hard_gallery, numpy_scan  # noqa: E402
 from ce_retrieval.build.index import evaluation_queries, write_index_folder  # noqa: E402
 from ce_retrieval.search.gallery import GalleryIndex  # noqa: E402  (imports ScaNN before BLAS work)
-from ce_retrieval.search.partitions import BallPartitions, build_partitions, threshold_search  # noqa: E402
+from ce_retrieval.search.partitions import BallPartitions, build_partitions, exact_threshold_search  # noqa: E402
 from ce_retrieval.search.threshold import exact_sets, set_recall  # noqa: E402
 
 # ----------------------------------------------------------------------------------------------- leaf probing
@@ -275,7 +275,7 @@ def main() -> None:
         "approx_today": lambda: index.threshold_rows(queries, tau, exact=False)[0],
         "exact": lambda: index.threshold_rows(queries, tau, exact=True)[0],
         "numpy_scan": lambda: numpy_scan(queries, xs, tau),
-        "exact_no_bounds": lambda: threshold_search(queries, xs, tau, None)[0],
+        "exact_no_bounds": lambda: exact_threshold_search(queries, xs, tau, None)[0],
         "scan_threads": lambda: scan_threads(queries, xs, tau),
         "probe_pairs": lambda: probe_search(shapes, queries, xs, tau, beta)[0],
         "probe_pairs_threads": lambda: probe_search(shapes, queries, xs, tau, beta, threads=2)[0],

@@ -4,16 +4,16 @@ Scores are cosine similarities s(q, x) = q.x of L2-normalised embeddings (the qu
 manifest were calibrated on). Top-k uses the ScaNN searcher when the index has one (tree + anisotropic
 asymmetric hashing + exact float32 re-ranking, so the returned scores are exact dot products), otherwise exact
 chunked brute force. Threshold search is approximate by default on an index whose manifest records a measured set
-recall for it (``threshold_search``: top-k grown until the k-th score falls below tau), exact otherwise or with
-``exact=True`` (``partitions.threshold_search``: ball-bounded leaves, or a blocked scan when pruning cannot win).
+recall for it (``threshold``: top-k grown until the k-th score falls below tau), exact otherwise or with
+``exact=True`` (``partitions.exact_threshold_search``: ball-bounded leaves, or a blocked scan when pruning cannot win).
 Within the approximate search a query is still answered exactly when growing top-k would cost more than a scan or
-its hits look unlike the tuning queries' (``threshold_search``'s cost model and familiarity check);
+its hits look unlike the tuning queries' (``threshold``'s cost model and familiarity check);
 :meth:`GalleryIndex.answer_threshold` says for each query which it got (:class:`ThresholdAnswer`).
 
 Loading checks the index against the model it will be queried with: embedding dimension, normalisation and the
 export fingerprint must match, and the stored arrays must match the manifest; otherwise ``IndexMismatchError``.
 This module reads one index folder (``INDEX_FORMAT``); a sharded version folder (``SHARDED_FORMAT``, one such
-folder per shard) is refused here and loaded by ``ce_retrieval.build.sharded.load_index``.
+folder per shard) is refused here and loaded by ``ce_retrieval.search.sharded.load_index``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from scann.scann_ops.py import scann_ops_pybind
 from ce_retrieval.search import layout
 from ce_retrieval.search import threshold as ts
 from ce_retrieval.search.exact import ExactSearch
-from ce_retrieval.search.partitions import BallPartitions, threshold_search
+from ce_retrieval.search.interface import SearchIndex
+from ce_retrieval.search.partitions import BallPartitions, exact_threshold_search
 from ce_retrieval.search.threshold import (
     CostModel,
     ThresholdAnswer,
@@ -67,8 +68,9 @@ def embeddings_digest(embeddings: np.ndarray, chunk_rows: int = 65536) -> str:
     return h.hexdigest()
 
 
-class GalleryIndex:
-    """Searches one ``<export_dir>/index/<version>/`` folder. Rows are in the index's internal (leaf) order."""
+class GalleryIndex(SearchIndex):
+    """Searches one ``<export_dir>/index/<version>/`` folder (brute force or ScaNN). Rows are in the index's internal
+    (leaf) order."""
 
     def __init__(
         self,
@@ -124,7 +126,7 @@ class GalleryIndex:
         fmt = manifest.get("format")
         if fmt == SHARDED_FORMAT:
             raise IndexMismatchError(
-                f"{path} is a sharded index ({fmt}); load it with ce_retrieval.build.sharded.load_index"
+                f"{path} is a sharded index ({fmt}); load it with ce_retrieval.search.sharded.load_index"
             )
         if fmt != INDEX_FORMAT:
             raise IndexMismatchError(f"{path}: unknown index format {fmt!r}, expected {INDEX_FORMAT!r}")
@@ -205,7 +207,7 @@ class GalleryIndex:
         """Per query, rows and scores (descending) of the items with score >= ``threshold``, and how each answer
         was made (:class:`ThresholdAnswer`).
 
-        ``exact=None`` takes the index's default: approximate (``threshold_search.grow_topk_threshold``) when the
+        ``exact=None`` takes the index's default: approximate (``threshold.grow_topk_threshold``) when the
         manifest records its measured set recall meeting the target, exact otherwise; within it, a query is answered
         exactly when the cost model or the familiarity check says so (module docstring). With ``limit`` an
         approximate query stops once it holds more than ``limit`` hits (the caller keeps the best ``limit``)."""
@@ -215,7 +217,7 @@ class GalleryIndex:
         if exact is None:
             exact = self.threshold_params is None
         if exact or self.scann is None:
-            rows, scores, _ = threshold_search(queries, self.embeddings, tau, self.partitions)
+            rows, scores, _ = exact_threshold_search(queries, self.embeddings, tau, self.partitions)
             return rows, scores, [ThresholdAnswer(True, 1.0, ts.ASKED if asked else ts.INDEX_EXACT)] * len(rows)
         p = self.threshold_params or ThresholdParams(
             start_k=int(self.reorder or 100), max_k=max(1, len(self) // 10), expand_leaves=True
@@ -233,7 +235,7 @@ class GalleryIndex:
         """The approximate search with ``p``: grown top-k, then exact scores in the leaves holding a found hit
         (``p.expand_leaves``) and in the probe leaves (``self.probe_leaves`` of them); with ``checks``, the cost
         model and the familiarity check send queries to the exact search. Returns rows, scores, each query's reason
-        (``threshold_search.APPROXIMATE`` or why it was answered exactly) and the familiarity statistics (NaN for
+        (``threshold.APPROXIMATE`` or why it was answered exactly) and the familiarity statistics (NaN for
         queries the rounds did not answer; empty without partitions). The build tunes with ``checks=False``."""
         costs = self.threshold_costs(len(queries)) if checks else None
         rows, scores, stats = grow_topk_threshold(
@@ -275,7 +277,7 @@ class GalleryIndex:
 
     def threshold_costs(self, batch: int) -> CostModel:
         """The cost model of this index's approximate search for a batch of ``batch`` queries
-        (``threshold_search.CostModel``)."""
+        (``threshold.CostModel``)."""
         params = self.manifest["params"]
         return CostModel(len(self), int(params["num_leaves"]), int(params["leaves_to_search"]), batch)
 
@@ -289,15 +291,8 @@ class GalleryIndex:
         return topk
 
     def _exact_threshold(self, q: np.ndarray, tau: float) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        rows, scores, _ = threshold_search(q, self.embeddings, tau, self.partitions)
+        rows, scores, _ = exact_threshold_search(q, self.embeddings, tau, self.partitions)
         return rows, scores
-
-    def threshold(
-        self, queries: np.ndarray, threshold: float, *, exact: bool | None = None, limit: int | None = None
-    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """Per query, ids and scores (descending) of the items with score >= threshold (see ``threshold_rows``)."""
-        ids, scores, _ = self.answer_threshold(queries, threshold, exact=exact, limit=limit)
-        return ids, scores
 
     def answer_threshold(
         self, queries: np.ndarray, threshold: float, *, exact: bool | None = None, limit: int | None = None

@@ -9,7 +9,7 @@ not per-shard ranks, the global answers follow from the shards' answers alone:
 
 Both are ordered by score descending and, for equal scores, by gallery id ascending, so the merged order does not
 depend on the number of shards or on the order in which shards answer. These functions are shared by the
-in-process :class:`~ce_retrieval.build.sharded.ShardedIndex` and a remote router that collects the same
+in-process :class:`~ce_retrieval.search.sharded.ShardedIndex` and a remote router that collects the same
 lists from shard servers.
 
 Missing results: a shard may return fewer columns than asked for (``GalleryIndex.topk`` returns

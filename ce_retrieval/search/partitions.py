@@ -218,7 +218,7 @@ def scan_hits(queries: np.ndarray, gallery: np.ndarray, threshold: float) -> tup
     return tuple(np.concatenate([g[i] for g in got]) for i in range(3))
 
 
-def threshold_search(
+def exact_threshold_search(
     queries: np.ndarray,
     gallery: np.ndarray,
     threshold: float,
@@ -249,7 +249,7 @@ def threshold_search(
     n = len(gallery)
     by_leaf, cand = np.arange(len(queries)), None
     if leaves is not None and partitions is None:
-        raise ValueError("threshold_search: `leaves` needs the partitions that number them")
+        raise ValueError("exact_threshold_search: `leaves` needs the partitions that number them")
     if partitions is not None:  # bounds of every query in one product (many small products stall BLAS threads)
         qc = queries @ partitions.centers.T
         cand = partitions.candidate_leaves(queries, threshold, qc) if leaves is None else np.asarray(leaves, bool)

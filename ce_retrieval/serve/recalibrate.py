@@ -35,12 +35,13 @@ import numpy as np
 
 from ce_retrieval.build.derived_version import derive_version
 from ce_retrieval.build.index import TARGET_SET_RECALL, model_block, tune_threshold_search
-from ce_retrieval.build.sharded import ShardedIndex, threshold_search_summary
+from ce_retrieval.build.sharded import threshold_search_summary
 from ce_retrieval.data.relevance_labels import RelevanceLabels, positives_in_gallery, query_units
 from ce_retrieval.evaluation.guarantee import DEFAULT_DELTA
 from ce_retrieval.evaluation.split_calibration import DEFAULT_LEVELS, Calibration, calibrate_split
 from ce_retrieval.search import layout
 from ce_retrieval.search.gallery import GalleryIndex
+from ce_retrieval.search.sharded import ShardedIndex
 from ce_retrieval.serve.searcher import Searcher
 
 __all__ = ["MIN_LABELLED_QUERIES", "Recalibrated", "calibrate_on_index", "publish_recalibration", "recalibrate_index"]
@@ -204,8 +205,7 @@ def recalibrate_index(
             queries, searcher.index, labels, levels=levels, delta=delta, relevant_per_query=relevant_per_query
         )
     finally:
-        if isinstance(searcher.index, ShardedIndex):
-            searcher.index.close()
+        searcher.index.close()
     return publish_recalibration(
         export_dir, searcher.version, calibration, queries, searcher.index.manifest, labels.source
     )

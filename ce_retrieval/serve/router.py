@@ -38,22 +38,21 @@ import numpy as np
 
 from ce_retrieval.search import layout
 from ce_retrieval.search.gallery import SHARDED_FORMAT, IndexMismatchError, check_compatible
+from ce_retrieval.search.interface import SearchIndex, ShardCoverage
 from ce_retrieval.search.merge import merge_threshold, merge_topk
 from ce_retrieval.search.threshold import ThresholdAnswer, merge_answers
 from ce_retrieval.serve.searcher import Searcher
-from ce_retrieval.serve.wire import SEARCH_PATH, ShardCoverage, ShardsUnavailableError, encode_queries
+from ce_retrieval.serve.wire import SEARCH_PATH, ShardsUnavailableError, encode_queries
 
-__all__ = [  # ShardCoverage and ShardsUnavailableError live in wire.py; importing them from here keeps working
+__all__ = [
     "RemoteShards",
     "ShardClient",
-    "ShardCoverage",
     "ShardFailure",
     "ShardRouter",
-    "ShardsUnavailableError",
     "remote_searcher",
 ]
 
-log = logging.getLogger("ce_retrieval.serve.router")
+log = logging.getLogger("ce_retrieval.serving.router")  # log names kept from before the serving/ split
 JSON_HEADERS = {"content-type": "application/json"}
 
 
@@ -204,10 +203,11 @@ def _check_answer(answer, shard: int, version: int, num_queries: int, uniform: b
     return None
 
 
-class RemoteShards:
-    """Version ``version`` of a sharded index served by shard servers: the GalleryIndex interface the
-    :class:`~ce_retrieval.serve.searcher.Searcher` uses (``topk``, ``threshold``, ``len``, ``dim``,
-    ``manifest``) plus ``search_topk`` / ``search_threshold``, which also return the :class:`ShardCoverage`."""
+class RemoteShards(SearchIndex):
+    """Version ``version`` of a sharded index served by shard servers, as a
+    :class:`~ce_retrieval.search.interface.SearchIndex`: ``search_topk`` / ``search_threshold_answers`` answer from
+    the shards that answered and report them (:class:`ShardCoverage`); the strict ``topk`` / ``answer_threshold``
+    / ``threshold`` raise unless every shard answered."""
 
     def __init__(self, client: ShardClient, version: int, manifest: dict):
         if manifest.get("format") != SHARDED_FORMAT:
@@ -260,21 +260,14 @@ class RemoteShards:
         merged_ids, merged_scores = merge_topk(ids, scores, int(k))
         return merged_ids, merged_scores, coverage
 
-    def search_threshold(
-        self, queries, threshold: float, limit: int | None = None, exact: bool = False
-    ) -> tuple[list[np.ndarray], list[np.ndarray], list[bool], ShardCoverage]:
-        """Per query every hit with score >= ``threshold`` over the shards that answered (the best ``limit`` when
-        given, ``truncated`` when more exist), and the coverage. Each shard runs its own threshold search (its
-        index's default, or exact with ``exact``); the merge is exact over what they return."""
-        ids, scores, truncated, coverage, _ = self.search_threshold_answers(queries, threshold, limit, exact)
-        return ids, scores, truncated, coverage
-
     def search_threshold_answers(
         self, queries, threshold: float, limit: int | None = None, exact: bool = False
     ) -> tuple[list[np.ndarray], list[np.ndarray], list[bool], ShardCoverage, list[ThresholdAnswer]]:
-        """``search_threshold`` and each query's answer merged over the shards that answered
-        (``threshold_search.merge_answers``; a shard server that sends none counts as approximate, recall
-        unknown)."""
+        """Per query every hit with score >= ``threshold`` over the shards that answered (the best ``limit`` when
+        given, ``truncated`` when more exist), the coverage, and each query's answer merged over the shards that
+        answered (``threshold.merge_answers``; a shard server that sends none counts as approximate, recall
+        unknown). Each shard runs its own threshold search (its index's default, or exact with ``exact``); the
+        merge is exact over what they return."""
         mode = {"threshold": float(threshold)}
         if limit is not None:
             mode["limit"] = int(limit)
@@ -302,16 +295,18 @@ class RemoteShards:
             raise ShardsUnavailableError(coverage, "not every shard answered")
         return ids, scores
 
-    def threshold(
-        self, queries, threshold: float, *, exact: bool | None = None
-    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """Like ``GalleryIndex.threshold`` (every hit); raises unless every shard answered with all its hits."""
-        ids, scores, truncated, coverage = self.search_threshold(queries, threshold, exact=bool(exact))
+    def answer_threshold(
+        self, queries, threshold: float, *, exact: bool | None = None, limit: int | None = None
+    ) -> tuple[list[np.ndarray], list[np.ndarray], list[ThresholdAnswer]]:
+        """Like ``GalleryIndex.answer_threshold`` (with ``limit``, the best ``limit + 1``, so more than ``limit``
+        hits say it was cut); raises unless every shard answered with all the hits asked for."""
+        cap = None if limit is None else int(limit) + 1
+        ids, scores, truncated, coverage, answers = self.search_threshold_answers(queries, threshold, cap, bool(exact))
         if coverage.partial:
             raise ShardsUnavailableError(coverage, "not every shard answered")
-        if any(truncated):
+        if limit is None and any(truncated):
             raise RuntimeError("a shard server capped its threshold hits (its max_results); give a limit")
-        return ids, scores
+        return ids, scores, answers
 
 
 class ShardRouter:

@@ -24,7 +24,7 @@ each hit also reports the highest calibrated precision level its score clears (`
 Sharded galleries: ``load`` serves a sharded ``index/<v>`` in-process (``sharded_index.load_index`` picks the
 index type from the manifest); ``router.remote_searcher`` pairs the local text encoder with remote shard servers
 (through ``with_index``; this module does not import the router). Either way every result then carries its shard
-coverage (:class:`~ce_retrieval.serve.wire.ShardCoverage`: which shards answered, which did not and why), and
+coverage (:class:`~ce_retrieval.search.interface.ShardCoverage`: which shards answered, which did not and why), and
 ``to_json`` reports it; results of an unsharded index carry none and their JSON is unchanged.
 """
 
@@ -36,12 +36,12 @@ import os
 import numpy as np
 
 from ce_retrieval.build.export import TEXT_INPUT, load_signature
-from ce_retrieval.build.sharded import load_index
 from ce_retrieval.evaluation.probability import ProbabilityMap
 from ce_retrieval.search import layout
 from ce_retrieval.search.gallery import IndexMismatchError
+from ce_retrieval.search.interface import SearchIndex, ShardCoverage
+from ce_retrieval.search.sharded import load_index
 from ce_retrieval.search.threshold import ThresholdAnswer
-from ce_retrieval.serve.wire import ShardCoverage
 
 PROBE_ATOL = 1e-4
 
@@ -76,7 +76,7 @@ class QueryResult:
 
     def to_json(self, coverage: bool = True) -> dict:
         """Hits as JSON; a threshold result also ``answer`` (``{"exact", "set_recall", "reason"}``: how it was made,
-        ``threshold_search.ThresholdAnswer``); with a sharded index (and ``coverage``) also ``partial``,
+        ``threshold.ThresholdAnswer``); with a sharded index (and ``coverage``) also ``partial``,
         ``shards_answered`` and ``shards_missing`` (shard number as a string -> reason)."""
         probs = self.probabilities or [None] * len(self.ids)
         out = {
@@ -110,7 +110,7 @@ def _validate_texts(texts) -> list[str]:
 class Searcher:
     """An immutable (text encoder, index) pair of one export version; safe to share between threads."""
 
-    def __init__(self, export_dir: str, version: int, text_signature, metadata: dict, index):
+    def __init__(self, export_dir: str, version: int, text_signature, metadata: dict, index: SearchIndex):
         self.export_dir, self.version = export_dir, version
         self._text_fn, self.metadata, self.index = text_signature, metadata, index
         block = index.manifest.get("thresholds") or {}
@@ -134,7 +134,8 @@ class Searcher:
     @classmethod
     def with_index(cls, export_dir: str, version: int | None, open_index, *, verify: bool = True) -> Searcher:
         """The text encoder of ``version`` (default: newest servable) with the index ``open_index(index_dir,
-        export_metadata)`` returns: a GalleryIndex or ShardedIndex (``load``), or the router's remote shards
+        export_metadata)`` returns, any :class:`~ce_retrieval.search.interface.SearchIndex`: a GalleryIndex or
+        ShardedIndex (``load``), or the router's remote shards
         (:func:`ce_retrieval.serve.router.remote_searcher`), which must check the index against the model."""
         export_dir = os.path.abspath(export_dir)
         version = _servable_version(export_dir, version)
@@ -145,7 +146,7 @@ class Searcher:
     @property
     def num_shards(self) -> int | None:
         """Number of shards of a sharded index (in-process or remote), None for a single index."""
-        return _num_shards(self.index)
+        return self.index.num_shards
 
     @property
     def logit_scale(self) -> float | None:
@@ -266,31 +267,19 @@ class Searcher:
             threshold = self.threshold_for_precision(precision, guarantee)
         if min_probability is not None:
             threshold = self.threshold_for_probability(min_probability)
-        remote = hasattr(self.index, "search_topk")  # remote shards report which of them answered
         if k is not None:
             if int(k) < 1:
                 raise ValueError(f"k must be >= 1, got {k}")
             if exact:
                 raise ValueError("exact applies to threshold queries (threshold, precision, min_probability)")
-            if remote:
-                ids, scores, coverage = self.index.search_topk(queries, int(k))
-            else:
-                (ids, scores), coverage = self.index.topk(queries, int(k)), _full_coverage(self.index)
+            ids, scores, coverage = self.index.search_topk(queries, int(k))
             return [
                 QueryResult(i, s, self.precision_levels(s), coverage=coverage, probabilities=self.probabilities(s))
                 for i, s in zip(ids, scores, strict=True)
             ]
-        if remote:  # each shard sends at most ``limit`` hits; the merge keeps the best ``limit`` of the union
-            ids, scores, truncated, coverage, answers = self.index.search_threshold_answers(
-                queries, float(threshold), limit, exact
-            )
-        else:
-            ids, scores, answers = self.index.answer_threshold(
-                queries, float(threshold), exact=True if exact else None, limit=limit
-            )
-            truncated, coverage = [limit is not None and len(i) > limit for i in ids], _full_coverage(self.index)
-            ids = [i[:limit] if cut else i for i, cut in zip(ids, truncated, strict=True)]
-            scores = [s[:limit] if cut else s for s, cut in zip(scores, truncated, strict=True)]
+        ids, scores, truncated, coverage, answers = self.index.search_threshold_answers(
+            queries, float(threshold), limit, exact
+        )
         return [
             QueryResult(
                 i,
@@ -334,16 +323,3 @@ def _load_text_encoder(export_dir: str, version: int, meta: dict, verify: bool):
                 "at export: the SavedModel was changed or is corrupt"
             )
     return fn
-
-
-def _num_shards(index) -> int | None:
-    if getattr(index, "num_shards", None) is not None:  # remote shards (and a ShardedIndex that says so)
-        return int(index.num_shards)
-    shards = getattr(index, "shards", None)  # in-process ShardedIndex
-    return None if shards is None else len(shards)
-
-
-def _full_coverage(index) -> ShardCoverage | None:
-    """An in-process sharded index searches every shard (or raises): complete coverage; None when unsharded."""
-    n = _num_shards(index)
-    return None if n is None else ShardCoverage(total=n, answered=list(range(n)), missing={})

@@ -1,10 +1,10 @@
-"""The wire format between a router and its shard servers, and the shard coverage every sharded answer carries.
+"""The wire format between a router and its shard servers, and the error of a request no shard answered.
 
     POST SEARCH_PATH  {"version": v, "queries": [[float, ...], ...] | "queries_b64": "...", "k": k}
                       {"version": v, "queries" | "queries_b64": ..., "threshold": t, "limit": L, "exact": true}
                       -> {"version": v, "shard": i, "results": [{"ids": [...], "scores": [...], "truncated": b}]}
                       (threshold results also carry "answer": {"exact": b, "set_recall": r, "reason": "..."},
-                      how the shard made it: ``threshold_search.ThresholdAnswer``; absent from older servers)
+                      how the shard made it: ``threshold.ThresholdAnswer``; absent from older servers)
 
 Queries travel either as JSON lists of floats or, faster and about 4x smaller, as ``queries_b64``: base64 of
 the row-major little-endian float32 bytes of the [B, d] query matrix (:func:`encode_queries`, what the router
@@ -12,19 +12,20 @@ sends). Both are exact: a float32 widened to a float64 is the same number, Pytho
 shortest repr that reads back to the same float64, and narrowing that to float32 gives the original bits
 (checked in tests/serve/test_router.py); list values that are not float32 numbers are rounded to float32.
 
-:class:`ShardCoverage` says which shards answered and why the others did not; the searcher puts it in every
-result of a sharded index, the service in every sharded response (``to_json``). It sits here, below the router,
-the searcher and the service, so that none of them has to import another for it.
+:class:`~ce_retrieval.search.interface.ShardCoverage` says which shards answered and why the others did not
+(every :class:`~ce_retrieval.search.interface.SearchIndex` reports it); the searcher puts it in every result of a
+sharded index, the service in every sharded response (``to_json``). :class:`ShardsUnavailableError` carries it when
+no shard answered.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import dataclasses
 
 import numpy as np
 
+from ce_retrieval.search.interface import ShardCoverage
 from ce_retrieval.serve.http_app import RequestError
 
 SEARCH_PATH = "/shard/search"
@@ -68,27 +69,6 @@ def decode_query_lists(rows, dim: int) -> np.ndarray:
         raise RequestError(422, "'queries' holds an integer too large for a float") from None
     with np.errstate(over="ignore"):
         return wide.astype(np.float32)
-
-
-@dataclasses.dataclass(frozen=True)
-class ShardCoverage:
-    """Which of the ``total`` shards answered a request (``answered``) and why the others did not (``missing``)."""
-
-    total: int
-    answered: list[int]
-    missing: dict[int, str]
-
-    @property
-    def partial(self) -> bool:
-        return bool(self.missing)
-
-    def to_json(self) -> dict:
-        """``{"answered": [...], "missing": {"<shard>": reason}, "total": S}`` (JSON object keys are strings)."""
-        return {
-            "answered": sorted(self.answered),
-            "missing": {str(i): r for i, r in sorted(self.missing.items())},
-            "total": self.total,
-        }
 
 
 class ShardsUnavailableError(RuntimeError):

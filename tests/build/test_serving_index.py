@@ -13,7 +13,7 @@ from ce_retrieval.build.index import build_index
 from ce_retrieval.search import layout
 from ce_retrieval.search.exact import exact_search
 from ce_retrieval.search.gallery import GalleryIndex, IndexMismatchError
-from ce_retrieval.search.partitions import build_partitions, threshold_search
+from ce_retrieval.search.partitions import build_partitions, exact_threshold_search
 from ce_retrieval.serve.searcher import Searcher
 
 
@@ -72,8 +72,8 @@ def test_ball_partitions_never_prune_a_hit(rng):
     order, parts = build_partitions(x, 50)
     xs = x[order]
     for tau in (0.3, 0.9, 0.97):
-        rows, scores, scored = threshold_search(q, xs, tau, parts, query_batch=16)
-        brute_rows, _, _ = threshold_search(q, xs, tau, None)
+        rows, scores, scored = exact_threshold_search(q, xs, tau, parts, query_batch=16)
+        brute_rows, _, _ = exact_threshold_search(q, xs, tau, None)
         assert [sorted(r.tolist()) for r in rows] == [sorted(r.tolist()) for r in brute_rows]
         if tau >= 0.9:
             assert scored < 0.8 * q.shape[0] * len(x)  # the bounds do skip leaves when tau is selective

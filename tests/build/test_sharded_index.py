@@ -17,15 +17,9 @@ import pytest
 from export_fixtures import THRESHOLDS, captions, clustered_unit_vectors
 
 from ce_retrieval.build import sharded as sharded_module
-from ce_retrieval.build.sharded import (
-    ShardBuildError,
-    ShardedIndex,
-    build_sharded_index,
-    load_index,
-    shard_name,
-    shard_of,
-    splitmix64,
-)
+from ce_retrieval.build.sharded import ShardBuildError, build_sharded_index
+from ce_retrieval.search.assignment import shard_name, shard_of, splitmix64
+from ce_retrieval.search.sharded import ShardedIndex, load_index
 from ce_retrieval.search import layout
 from ce_retrieval.search.exact import exact_search
 from ce_retrieval.search.gallery import GalleryIndex, IndexMismatchError, embeddings_digest, ids_digest

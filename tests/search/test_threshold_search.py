@@ -17,7 +17,7 @@ from ce_retrieval.build.index import build_index, write_index_folder
 from ce_retrieval.search import layout
 from ce_retrieval.search import threshold as ts
 from ce_retrieval.search.gallery import GalleryIndex
-from ce_retrieval.search.partitions import build_partitions, threshold_search, union_rows
+from ce_retrieval.search.partitions import build_partitions, exact_threshold_search, union_rows
 from ce_retrieval.search.threshold import (
     CostModel,
     ThresholdAnswer,
@@ -285,7 +285,7 @@ def test_exact_search_equals_brute_force(case):
     order, parts = build_partitions(x, 60)
     xs = x[order]
     for tau in taus:
-        rows, scores, scored = threshold_search(q, xs, tau, parts, query_batch=16)
+        rows, scores, scored = exact_threshold_search(q, xs, tau, parts, query_batch=16)
         truth = brute_force(q, xs, tau)
         assert [set(r.tolist()) for r in rows] == truth
         for r, s, qq in zip(rows, scores, q, strict=True):
@@ -312,7 +312,7 @@ def test_leaf_restricted_search_returns_exactly_the_hits_in_those_leaves(query_b
     rng = np.random.default_rng(3)
     leaves = rng.random((len(q), parts.num_leaves)) < 0.2
     leaves[0] = False  # a query with no leaf has no hit
-    rows, scores, _ = threshold_search(q, xs, tau, parts, query_batch=query_batch, leaves=leaves)
+    rows, scores, _ = exact_threshold_search(q, xs, tau, parts, query_batch=query_batch, leaves=leaves)
     leaf = leaf_of_rows(parts, np.arange(len(xs)))
     for b, (r, s) in enumerate(zip(rows, scores, strict=True)):
         want = {i for i in brute_force(q[b : b + 1], xs, tau)[0] if leaves[b, leaf[i]]}
@@ -321,7 +321,7 @@ def test_leaf_restricted_search_returns_exactly_the_hits_in_those_leaves(query_b
         assert np.all(np.diff(s) <= 0)
     assert len(rows[0]) == 0
     with pytest.raises(ValueError, match="partitions"):
-        threshold_search(q, xs, tau, None, leaves=leaves)
+        exact_threshold_search(q, xs, tau, None, leaves=leaves)
 
 
 @pytest.mark.parametrize("num_queries", [3, 12])  # per query without BLAS (a service's requests), and batched

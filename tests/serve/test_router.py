@@ -21,8 +21,11 @@ import pytest
 from export_fixtures import THRESHOLDS, captions, make_towers, png_images
 
 from ce_retrieval.build.export import embed_with_keras, export_encoders
-from ce_retrieval.build.sharded import build_sharded_index, shard_name
+from ce_retrieval.build.sharded import build_sharded_index
 from ce_retrieval.search import layout
+from ce_retrieval.search.assignment import shard_name
+from ce_retrieval.search.interface import SearchIndex
+from ce_retrieval.search.sharded import ShardedIndex
 from ce_retrieval.serve.searcher import Searcher
 from ce_retrieval.serve.service import create_app, serve_in_thread
 from ce_retrieval.serve.shard_server import create_shard_app, encode_queries
@@ -162,6 +165,13 @@ def test_router_matches_the_single_index(cluster, router, single):
     *_, answers = remote.search_threshold_answers(q, 0.4)
     assert [a.to_json() for a in answers] == [a.to_json() for a in single.index.answer_threshold(q, 0.4)[2]]
     assert all(a.exact for a in answers)
+    # one interface for the remote shards and the local index: answer_threshold with a limit keeps the best
+    # limit + 1 (so the cut shows), as the local index's answer does
+    assert isinstance(remote, SearchIndex) and isinstance(single.index, SearchIndex)
+    got_ids, got_scores, got_answers = remote.answer_threshold(q, -1.0, limit=10)
+    want_ids, _, _ = single.index.answer_threshold(q, -1.0)
+    assert [a.tolist() for a in got_ids] == [a[:11].tolist() for a in want_ids]
+    assert len(got_answers) == len(q) and all(len(s) == 11 for s in got_scores)
 
 
 def test_shard_server_protocol(cluster, single):
@@ -222,6 +232,7 @@ def test_shard_server_protocol(cluster, single):
 def test_in_process_sharded_searcher_equals_the_single_index(cluster, single):
     sharded = Searcher.load(cluster["dir"], 1)
     assert sharded.num_shards == NUM_SHARDS and single.num_shards is None
+    assert isinstance(sharded.index, ShardedIndex) and isinstance(sharded.index, SearchIndex)
     texts = captions(5, seed=21)
     for k in (3, 300):
         got = sharded.search(texts, k=k)
