@@ -74,7 +74,7 @@ from benchmarks import RESULTS  # noqa: E402
 from benchmarks.common.galleries import cluster_labels, clustered  # noqa: E402
 from benchmarks.common.machine import host  # noqa: E402
 from benchmarks.common.records import write_json, write_record  # noqa: E402
-from ce_retrieval.build.index import write_index_folder  # noqa: E402
+from ce_retrieval.build.index import BuildConfig, write_index_folder  # noqa: E402
 from ce_retrieval.search.gallery import GalleryIndex  # noqa: E402  (imports ScaNN before BLAS work)
 from ce_retrieval.search.threshold import scann_leaves, set_recall  # noqa: E402
 
@@ -198,7 +198,7 @@ def build_one(x: np.ndarray, folder: str, name: str, validation: np.ndarray, tau
         version=1,
         thresholds={"0.9": tau} if given else None,  # a stand-in calibrated level
         queries=validation if given else None,
-        threshold_partitions=name != "no_partitions",
+        config=BuildConfig(threshold_partitions=name != "no_partitions"),
     )
     ts = manifest["threshold_search"]
     approx = ts.get("approximate", {})

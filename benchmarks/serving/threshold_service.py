@@ -130,7 +130,7 @@ def generated_export(root: str, n: int, brute_force_below: int | None) -> dict:
 
     from benchmarks.common.exports import stand_in_export
     from benchmarks.serving import threshold_search as ts_bench
-    from ce_retrieval.build.index import BRUTE_FORCE_BELOW, build_index
+    from ce_retrieval.build.index import BRUTE_FORCE_BELOW, BuildConfig, build_index
     from ce_retrieval.evaluation.probability import ProbabilityMap
     from ce_retrieval.search.threshold import tau_for_median_hits
 
@@ -148,7 +148,7 @@ def generated_export(root: str, n: int, brute_force_below: int | None) -> dict:
         1,
         thresholds={"0.9": tau},
         queries=q,
-        brute_force_below=BRUTE_FORCE_BELOW if brute_force_below is None else brute_force_below,
+        config=BuildConfig(brute_force_below=BRUTE_FORCE_BELOW if brute_force_below is None else brute_force_below),
         gallery_info={"generated": f"benchmarks.serving.threshold_search hard gallery, {n} items"},
         probability=pmap.to_json(),
     )

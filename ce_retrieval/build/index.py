@@ -350,105 +350,104 @@ def evaluation_queries(x: np.ndarray, queries, seed: int) -> tuple[np.ndarray, s
     return q[rng.choice(len(q), size=min(len(q), 1000), replace=False)], "given queries"
 
 
-def write_index_folder(
-    embeddings,
-    ids,
-    folder: str,
-    meta: dict,
-    *,
-    version: int,
-    thresholds=None,
-    queries=None,
-    target_recall: float = 0.95,
-    brute_force_below: int = BRUTE_FORCE_BELOW,
-    params: IndexParams | None = None,
-    gallery_info: dict | None = None,
-    seed: int = 0,
-    target_set_recall: float = TARGET_SET_RECALL,
-    probability: dict | None = None,
-    calibration=None,
-    threshold_partitions: bool = True,
-) -> dict:
-    """Writes one index folder (format ``ce_retrieval.index/1``) into the existing, empty ``folder`` and returns
-    its manifest. ``meta`` is the image encoder's export metadata. The folder is loaded back with
-    :meth:`GalleryIndex.load` before this returns. Publishing it (atomically) is the caller's job: ``build_index``
-    writes into its temporary version folder, the sharded builder into one subfolder of it per shard.
+@dataclasses.dataclass(frozen=True)
+class BuildConfig:
+    """How an index is built: the one set of build settings of :func:`build_index`, ``build_sharded_index`` (where
+    it applies to every shard) and :func:`write_index_folder`."""
 
-    ``threshold_partitions=False`` skips the threshold partitions (the k-means of ~128 items a leaf: about a
-    quarter of a 1M build, ``build_phases_seconds`` in the manifest): the approximate threshold search then has no
-    leaf expansion, no probe and no familiarity check (its answers carry the measured figure for every query), and
-    the exact one is a plain scan."""
-    start = time.time()
-    x, ids = check_gallery(embeddings, ids, meta["embedding_dim"], version)
+    target_recall: float = 0.95  # recall@10 against exact search the ScaNN tuning must reach
+    brute_force_below: int = BRUTE_FORCE_BELOW  # a gallery (or shard) smaller than this is searched exactly
+    params: IndexParams | None = None  # ScaNN parameters; None fields are chosen from the gallery size
+    seed: int = 0  # the evaluation-query sample, the threshold partitions' k-means and the tuning queries
+    target_set_recall: float = TARGET_SET_RECALL  # the approximate threshold search's tuning target
+    threshold_partitions: bool = True  # False: a faster build without the threshold search's partitions
+
+
+@dataclasses.dataclass
+class _Searchers:
+    """What building the searcher and tuning it gave: the gallery in stored order and the manifest's blocks."""
+
+    x: np.ndarray
+    ids: np.ndarray
+    kind: str
+    params: dict
+    ann: dict
+    threshold_search: dict
+    phases: dict
+
+
+def _brute_force(x: np.ndarray, ids: np.ndarray, config: BuildConfig) -> _Searchers:
+    """A gallery below ``brute_force_below``: exact search, nothing to build or tune."""
+    ann = {
+        "recall_at_10": 1.0,
+        "target": config.target_recall,
+        "meets_target": True,
+        "num_queries": 0,
+        "query_source": "exact search (gallery below brute_force_below)",
+    }
+    threshold_info = {"method": "exact: brute force", "default": "exact", "file": None}
+    return _Searchers(x, ids, "brute_force", {"exact": True}, ann, threshold_info, {})
+
+
+def _scann(x: np.ndarray, ids: np.ndarray, folder: str, queries, thresholds, config: BuildConfig) -> _Searchers:
+    """Builds the threshold partitions (rows reordered by leaf) and the ScaNN searcher into ``folder``, tunes its
+    top-10 search for ``target_recall`` and its approximate threshold search for ``target_set_recall`` at the
+    calibrated ``thresholds``, and times each step (``build_phases_seconds``: the threshold search's share,
+    issue #32)."""
     n = len(x)
-    thresholds_out = thresholds_block(n, thresholds, probability, calibration)
-    kind = "brute_force" if n < brute_force_below else "scann"
-    p = default_params(n, params)
-    phases, lap = {}, [time.time()]  # seconds of the build's steps (the threshold search's share: issue #32)
+    p = default_params(n, config.params)
+    phases, lap = {}, [time.time()]
 
     def phase(name: str) -> None:
         phases[name] = round(time.time() - lap[0], 3)
         lap[0] = time.time()
 
-    if kind == "scann":
-        partitions = None
-        if threshold_partitions:
-            partition_leaves = min(max(n // PARTITION_LEAF_ITEMS, p.num_leaves), MAX_PARTITION_LEAVES)
-            order, partitions = build_partitions(x, partition_leaves, seed=seed)
-            x, ids = np.ascontiguousarray(x[order]), ids[order]
-            partitions.save(os.path.join(folder, PARTITIONS_FILE))
-        phase("threshold_partitions")
-        searcher = build_scann(x, p)
-        q, source = evaluation_queries(x, queries, seed)
-        exact_rows, _ = exact_search(q, x, 10)
-        p.leaves_to_search, p.reorder_num_neighbors, recall, table = _tune_leaves(
-            searcher, q, exact_rows, p, target_recall
-        )
-        os.mkdir(os.path.join(folder, SCANN_DIR))  # mkdir, not makedirs: never re-creates a removed temporary folder
-        searcher.serialize(os.path.join(folder, SCANN_DIR), relative_path=True)
-        recall_info = {
-            "recall_at_10": recall,
-            "target": target_recall,
-            "meets_target": recall >= target_recall,
-            "num_queries": len(q),
-            "query_source": source,
-            "tuning": table,
-        }
-        params_out = dataclasses.asdict(p)
-        phase("scann_and_top10_tuning")
-        own_rows = None
-        if queries is None:  # tuned on gallery items, not on the top-10 tuning's moved points (gallery_tuning_queries)
-            q, own_rows, source = gallery_tuning_queries(x, seed)
-        threshold_info = tune_threshold_search(
-            searcher,
-            x,
-            partitions,
-            params_out,
-            q,
-            source,
-            thresholds_out["threshold_at_precision"],
-            target_set_recall,
-            own_rows=own_rows,
-        )
-        phase("threshold_tuning")
-    else:
-        threshold_info = {"method": "exact: brute force", "default": "exact", "file": None}
-        params_out = {"exact": True}
-        recall_info = {
-            "recall_at_10": 1.0,
-            "target": target_recall,
-            "meets_target": True,
-            "num_queries": 0,
-            "query_source": "exact search (gallery below brute_force_below)",
-        }
-    np.save(os.path.join(folder, EMBEDDINGS_FILE), x)
-    np.save(os.path.join(folder, IDS_FILE), ids)
-    manifest = {
+    partitions = None
+    if config.threshold_partitions:
+        partition_leaves = min(max(n // PARTITION_LEAF_ITEMS, p.num_leaves), MAX_PARTITION_LEAVES)
+        order, partitions = build_partitions(x, partition_leaves, seed=config.seed)
+        x, ids = np.ascontiguousarray(x[order]), ids[order]
+        partitions.save(os.path.join(folder, PARTITIONS_FILE))
+    phase("threshold_partitions")
+    searcher = build_scann(x, p)
+    q, source = evaluation_queries(x, queries, config.seed)
+    exact_rows, _ = exact_search(q, x, 10)
+    p.leaves_to_search, p.reorder_num_neighbors, recall, table = _tune_leaves(
+        searcher, q, exact_rows, p, config.target_recall
+    )
+    os.mkdir(os.path.join(folder, SCANN_DIR))  # mkdir, not makedirs: never re-creates a removed temporary folder
+    searcher.serialize(os.path.join(folder, SCANN_DIR), relative_path=True)
+    ann = {
+        "recall_at_10": recall,
+        "target": config.target_recall,
+        "meets_target": recall >= config.target_recall,
+        "num_queries": len(q),
+        "query_source": source,
+        "tuning": table,
+    }
+    params_out = dataclasses.asdict(p)
+    phase("scann_and_top10_tuning")
+    own_rows = None
+    if queries is None:  # tuned on gallery items, not on the top-10 tuning's moved points (gallery_tuning_queries)
+        q, own_rows, source = gallery_tuning_queries(x, config.seed)
+    threshold_info = tune_threshold_search(
+        searcher, x, partitions, params_out, q, source, thresholds, config.target_set_recall, own_rows=own_rows
+    )
+    phase("threshold_tuning")
+    return _Searchers(x, ids, "scann", params_out, ann, threshold_info, phases)
+
+
+def _index_manifest(
+    built: _Searchers, meta: dict, version: int, config: BuildConfig, thresholds: dict, gallery_info, start: float
+) -> dict:
+    """The manifest of one index folder (format ``INDEX_FORMAT``)."""
+    x, ids, n = built.x, built.ids, len(built.x)
+    return {
         "format": INDEX_FORMAT,
         "version": int(version),
         "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "build_seconds": round(time.time() - start, 3),
-        "build_phases_seconds": phases,
+        "build_phases_seconds": built.phases,
         "model": model_block(meta),
         "score": SCORE,
         "num_items": n,
@@ -463,17 +462,55 @@ def write_index_folder(
         "embeddings": {
             "file": EMBEDDINGS_FILE,
             "dtype": "float32",
-            "order": "leaf" if kind == "scann" and threshold_partitions else "input",
+            "order": "leaf" if built.kind == "scann" and config.threshold_partitions else "input",
             "sha256": embeddings_digest(x),
         },
-        "kind": kind,
-        "brute_force_below": brute_force_below,
-        "params": params_out,
-        "threshold_search": threshold_info,
-        "ann": recall_info,
-        "thresholds": thresholds_out,
+        "kind": built.kind,
+        "brute_force_below": config.brute_force_below,
+        "params": built.params,
+        "threshold_search": built.threshold_search,
+        "ann": built.ann,
+        "thresholds": thresholds,
         "gallery": gallery_info or {},
     }
+
+
+def write_index_folder(
+    embeddings,
+    ids,
+    folder: str,
+    meta: dict,
+    *,
+    version: int,
+    config: BuildConfig | None = None,
+    thresholds=None,
+    queries=None,
+    gallery_info: dict | None = None,
+    probability: dict | None = None,
+    calibration=None,
+) -> dict:
+    """Writes one index folder (format ``ce_retrieval.index/1``) into the existing, empty ``folder`` and returns
+    its manifest: builds and tunes the searcher (:func:`_scann`, or :func:`_brute_force` below
+    ``config.brute_force_below``), stores the arrays, writes the manifest (atomically) and loads the folder back
+    with :meth:`GalleryIndex.load` before returning. ``meta`` is the image encoder's export metadata. Publishing the
+    folder (atomically) is the caller's job: ``build_index`` writes into its temporary version folder, the sharded
+    builder into one subfolder of it per shard.
+
+    ``config.threshold_partitions=False`` skips the threshold partitions (the k-means of ~128 items a leaf: about a
+    quarter of a 1M build, ``build_phases_seconds`` in the manifest): the approximate threshold search then has no
+    leaf expansion, no probe and no familiarity check (its answers carry the measured figure for every query), and
+    the exact one is a plain scan."""
+    config = config or BuildConfig()
+    start = time.time()
+    x, ids = check_gallery(embeddings, ids, meta["embedding_dim"], version)
+    thresholds_out = thresholds_block(len(x), thresholds, probability, calibration)
+    if len(x) < config.brute_force_below:
+        built = _brute_force(x, ids, config)
+    else:
+        built = _scann(x, ids, folder, queries, thresholds_out["threshold_at_precision"], config)
+    np.save(os.path.join(folder, EMBEDDINGS_FILE), built.x)
+    np.save(os.path.join(folder, IDS_FILE), built.ids)
+    manifest = _index_manifest(built, meta, version, config, thresholds_out, gallery_info, start)
     layout.write_json(os.path.join(folder, layout.INDEX_MANIFEST), manifest)
     GalleryIndex.load(folder, expected_model=meta, mmap=True)  # the folder must load before it is published
     return manifest
@@ -485,30 +522,25 @@ def build_index(
     export_dir: str,
     version: int | None = None,
     *,
+    config: BuildConfig | None = None,
     thresholds=None,
     queries=None,
-    target_recall: float = 0.95,
-    brute_force_below: int = BRUTE_FORCE_BELOW,
-    params: IndexParams | None = None,
     overwrite: bool = False,
     gallery_info: dict | None = None,
-    seed: int = 0,
-    target_set_recall: float = TARGET_SET_RECALL,
     probability: dict | None = None,
     calibration=None,
-    threshold_partitions: bool = True,
 ) -> dict:
     """Builds and publishes ``<export_dir>/index/<version>/`` for gallery ``embeddings`` [n, d] with ``ids`` [n].
 
-    ``embeddings`` must come from ``image_encoder/<version>`` (unit norm). ``thresholds`` maps a precision
-    level to the score reaching it on a validation split (``evaluation.calibration.global_pr_auc``'s
-    ``threshold_at_precision``). ``queries`` (unit vectors, e.g. validation caption embeddings) are used to
-    measure ANN recall@10 and the approximate threshold search's set recall (target ``target_set_recall``); by
-    default a sample of the gallery. ``probability``: a score -> P(relevant) map fitted on the calibration split
-    (``evaluation.probability.fit_probability_map(...).to_json()``), stored beside the thresholds.
+    ``embeddings`` must come from ``image_encoder/<version>`` (unit norm). ``config``: how to build it
+    (:class:`BuildConfig`: recall targets, brute-force size, ScaNN parameters, seed, threshold partitions).
+    ``thresholds`` maps a precision level to the score reaching it on a validation split
+    (``evaluation.calibration.global_pr_auc``'s ``threshold_at_precision``). ``queries`` (unit vectors, e.g.
+    validation caption embeddings) are used to measure ANN recall@10 and the approximate threshold search's set
+    recall; by default a sample of the gallery. ``probability``: a score -> P(relevant) map fitted on the
+    calibration split (``evaluation.probability.fit_probability_map(...).to_json()``), stored beside the thresholds.
     ``calibration`` (``evaluation.split_calibration.calibrate_split(...)``) replaces both: the thresholds are then
-    derived for this gallery's size, with the guarantee beside the estimate. ``threshold_partitions=False``: a
-    faster build without the threshold search's partitions (``write_index_folder``). Returns the manifest.
+    derived for this gallery's size, with the guarantee beside the estimate. Returns the manifest.
     """
     export_dir = os.path.abspath(export_dir)
     version, meta = resolve_version(export_dir, version)
@@ -523,15 +555,10 @@ def build_index(
             tmp,
             meta,
             version=version,
+            config=config,
             thresholds=thresholds,
             queries=queries,
-            target_recall=target_recall,
-            brute_force_below=brute_force_below,
-            params=params,
             gallery_info=gallery_info,
-            seed=seed,
-            target_set_recall=target_set_recall,
             probability=probability,
             calibration=calibration,
-            threshold_partitions=threshold_partitions,
         )

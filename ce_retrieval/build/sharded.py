@@ -38,8 +38,8 @@ import time
 import numpy as np
 
 from ce_retrieval.build.index import (
-    BRUTE_FORCE_BELOW,
     SCORE,
+    BuildConfig,
     check_gallery,
     evaluation_queries,
     model_block,
@@ -50,7 +50,6 @@ from ce_retrieval.build.index import (
     write_index_folder,
 )
 from ce_retrieval.search import layout
-from ce_retrieval.search.ann import IndexParams
 from ce_retrieval.search.assignment import SHARD_ASSIGNMENT, shard_name, shard_of
 from ce_retrieval.search.exact import exact_search
 from ce_retrieval.search.gallery import SHARDED_FORMAT, GalleryIndex
@@ -82,13 +81,10 @@ def _build_shard(task: dict) -> dict:
             task["folder"],
             task["meta"],
             version=task["version"],
+            config=task["config"],
             thresholds=task["thresholds"],
             queries=queries,
-            target_recall=task["target_recall"],
-            brute_force_below=task["brute_force_below"],
-            params=task["params"],
             gallery_info=task["gallery_info"],
-            seed=task["seed"],
             probability=task["probability"],
             calibration=task["calibration"],
         )
@@ -165,12 +161,9 @@ def build_sharded_index(
     workers: int | None = None,
     thresholds=None,
     queries=None,
-    target_recall: float = 0.95,
-    brute_force_below: int = BRUTE_FORCE_BELOW,
-    params: IndexParams | None = None,
+    config: BuildConfig | None = None,
     overwrite: bool = False,
     gallery_info: dict | None = None,
-    seed: int = 0,
     probability: dict | None = None,
     calibration=None,
 ) -> dict:
@@ -178,20 +171,22 @@ def build_sharded_index(
     top-level manifest.
 
     Arguments as for :func:`ce_retrieval.build.index.build_index`; each shard is an ordinary index of its own
-    items (ScaNN when it holds at least ``brute_force_below`` of them, tuned for ``target_recall`` on the same
-    ``queries``), carrying the same thresholds (from a ``calibration``: derived for the shard's own size, and the
+    items built with the same ``config`` (ScaNN when it holds at least ``config.brute_force_below`` of them, tuned
+    for ``config.target_recall`` and ``config.target_set_recall`` on the same ``queries``), carrying the same
+    thresholds (from a ``calibration``: derived for the shard's own size, and the
     top-level manifest's for the whole gallery). ``workers`` processes build shards in parallel (default
     ``min(num_shards, os.cpu_count())``, or 1 when every shard is below ``brute_force_below``; 1 builds them one
     after another in this process). The merged top-10 is measured against exact search over the whole gallery
     and recorded under ``ann``.
     """
     start = time.time()
+    config = config or BuildConfig()
     export_dir = os.path.abspath(export_dir)
     version, meta = resolve_version(export_dir, version)
     x, ids = check_gallery(embeddings, ids, meta["embedding_dim"], version)
     assignment, counts = _assign(ids, num_shards)
     num_shards = len(counts)
-    workers = _worker_count(workers, num_shards, int(counts.max()) >= brute_force_below)
+    workers = _worker_count(workers, num_shards, int(counts.max()) >= config.brute_force_below)
     thresholds_out = thresholds_block(len(x), thresholds, probability, calibration)  # the whole gallery's size
     thresholds = normalize_thresholds(thresholds)
     final = layout.version_dir(export_dir, layout.INDEX, version)
@@ -205,10 +200,7 @@ def build_sharded_index(
             "meta": meta,
             "version": version,
             "thresholds": thresholds,
-            "target_recall": target_recall,
-            "brute_force_below": brute_force_below,
-            "params": params,
-            "seed": seed,
+            "config": config,
             "probability": probability,
             "calibration": calibration,
             "blas_threads": None if workers == 1 else max(1, (os.cpu_count() or 1) // workers),
@@ -227,7 +219,7 @@ def build_sharded_index(
             "num_shards": num_shards,
             "shard_assignment": SHARD_ASSIGNMENT,
             "shards": [_shard_entry(task["name"], built[task["name"]]) for task in tasks],
-            "brute_force_below": brute_force_below,
+            "brute_force_below": config.brute_force_below,
             "workers": workers,
             "threshold_search": threshold_search_summary([built[task["name"]] for task in tasks]),
             "thresholds": thresholds_out,
@@ -236,7 +228,7 @@ def build_sharded_index(
         shards = [GalleryIndex.load(task["folder"], expected_model=meta, mmap=True) for task in tasks]
         index = ShardedIndex(tmp, manifest, shards)  # checks the manifest against the shards
         try:
-            manifest["ann"] = _global_ann(index, x, ids, queries, seed, target_recall)
+            manifest["ann"] = _global_ann(index, x, ids, queries, config.seed, config.target_recall)
         finally:
             index.close()
         manifest["build_seconds"] = round(time.time() - start, 3)

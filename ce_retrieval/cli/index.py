@@ -21,7 +21,7 @@ import os
 import numpy as np
 
 from ce_retrieval.build.gallery_source import data_config_of, read_images, resolve_source
-from ce_retrieval.build.index import BRUTE_FORCE_BELOW, build_index
+from ce_retrieval.build.index import BRUTE_FORCE_BELOW, BuildConfig, build_index
 from ce_retrieval.build.sharded import build_sharded_index
 from ce_retrieval.search import layout
 from ce_retrieval.search.ann import IndexParams
@@ -191,13 +191,15 @@ def run(args) -> int:
         if thresholds is None and calibration is None:
             calibration = _calibrate(args, meta, queries, cal_docs, cal, {"split": args.calibration_split})
         info["calibration_split"] = args.calibration_split
-    params = IndexParams(num_leaves=args.num_leaves, leaves_to_search=args.leaves_to_search)
-    common = dict(
-        thresholds=thresholds,
-        queries=queries,
+    config = BuildConfig(
         target_recall=args.target_recall,
         brute_force_below=args.brute_force_below,
-        params=params,
+        params=IndexParams(num_leaves=args.num_leaves, leaves_to_search=args.leaves_to_search),
+    )
+    common = dict(
+        config=config,
+        thresholds=thresholds,
+        queries=queries,
         overwrite=args.overwrite,
         gallery_info=info,
         calibration=calibration,

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from export_fixtures import clustered_unit_vectors
 
-from ce_retrieval.build.index import build_index
+from ce_retrieval.build.index import BuildConfig, build_index
 from ce_retrieval.search import layout
 from ce_retrieval.search.exact import exact_search
 from ce_retrieval.search.gallery import GalleryIndex, IndexMismatchError
@@ -25,7 +25,7 @@ def scann_gallery(tmp_path_factory, base_export):
     vectors = clustered_unit_vectors(4200, 16, seed=3)
     x, queries = vectors[:4000], vectors[4000:]
     ids = np.random.default_rng(0).permutation(10**6)[:4000].astype(np.int64)
-    manifest = build_index(x, ids, root, 1, thresholds={0.9: 0.8}, brute_force_below=1000)
+    manifest = build_index(x, ids, root, 1, thresholds={0.9: 0.8}, config=BuildConfig(brute_force_below=1000))
     return {"dir": root, "x": x, "ids": ids, "queries": queries, "manifest": manifest}
 
 

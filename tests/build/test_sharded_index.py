@@ -17,6 +17,7 @@ import pytest
 from export_fixtures import THRESHOLDS, captions, clustered_unit_vectors
 
 from ce_retrieval.build import sharded as sharded_module
+from ce_retrieval.build.index import BuildConfig
 from ce_retrieval.build.sharded import ShardBuildError, build_sharded_index
 from ce_retrieval.search.assignment import shard_name, shard_of, splitmix64
 from ce_retrieval.search.sharded import ShardedIndex, load_index
@@ -189,7 +190,7 @@ def scann_sharded(request, tmp_path_factory, base_export):
         num_shards=num_shards,
         workers=2 if num_shards == 3 else 1,  # the spawned process pool once; in-process otherwise (faster here)
         thresholds={0.9: 0.8},
-        brute_force_below=500,
+        config=BuildConfig(brute_force_below=500),
     )
     index = load_index(os.path.join(root, "index", "1"))
     yield {"dir": root, "manifest": manifest, "index": index, "num_shards": num_shards}
@@ -348,6 +349,23 @@ def test_bad_shard_counts_are_refused(base_export, tmp_path):
         build_sharded_index(x, IDS[:20], root, 1, num_shards=2, workers=1)
 
 
+def test_every_shard_is_built_with_the_one_build_config(base_export, tmp_path, monkeypatch):
+    """The sharded build takes the single build's BuildConfig and hands all of it to each shard (it once had no
+    target_set_recall of its own)."""
+    root = _encoders_only(base_export, tmp_path)
+    real, seen = sharded_module.write_index_folder, []
+
+    def spy(*a, config, **kw):
+        seen.append(config)
+        return real(*a, config=config, **kw)
+
+    monkeypatch.setattr(sharded_module, "write_index_folder", spy)
+    config = BuildConfig(target_recall=0.9, target_set_recall=0.97, threshold_partitions=False, seed=3)
+    manifest = build_sharded_index(X[:300], IDS[:300], root, 1, num_shards=3, workers=1, config=config)
+    assert seen == [config] * 3
+    assert manifest["ann"]["target"] == 0.9 and manifest["brute_force_below"] == config.brute_force_below
+
+
 # ---------------------------------------------------------------------------------------- atomic publishing
 def test_a_failed_build_publishes_nothing(base_export, tmp_path, monkeypatch):
     root = _encoders_only(base_export, tmp_path)
@@ -377,12 +395,13 @@ KILLED_BUILD = textwrap.dedent(
     """
     import sys
     import numpy as np
+    from ce_retrieval.build.index import BuildConfig
     from ce_retrieval.build.sharded import build_sharded_index
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(40000, 16)).astype(np.float32)
     x /= np.linalg.norm(x, axis=1, keepdims=True)
-    build_sharded_index(x, np.arange(40000), sys.argv[1], 7, num_shards=4, workers=1, brute_force_below=500)
+    build_sharded_index(x, np.arange(40000), sys.argv[1], 7, num_shards=4, workers=1, config=BuildConfig(brute_force_below=500))
     """
 )
 

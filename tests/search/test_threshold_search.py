@@ -13,7 +13,7 @@ import pytest
 from export_fixtures import clustered_unit_vectors
 
 from benchmarks.common.galleries import clustered
-from ce_retrieval.build.index import build_index, write_index_folder
+from ce_retrieval.build.index import BuildConfig, build_index, write_index_folder
 from ce_retrieval.search import layout
 from ce_retrieval.search import threshold as ts
 from ce_retrieval.search.gallery import GalleryIndex
@@ -60,7 +60,9 @@ def approx_index(tmp_path_factory, base_export):
     vectors = clustered_unit_vectors(6300, 16, num_clusters=30, spread=0.6, seed=11)
     x, queries = vectors[:6000], vectors[6000:]
     ids = np.arange(6000, dtype=np.int64) * 3 - 50
-    manifest = build_index(x, ids, root, 1, thresholds={"0.9": 0.8, "0.5": 0.6}, brute_force_below=1000)
+    manifest = build_index(
+        x, ids, root, 1, thresholds={"0.9": 0.8, "0.5": 0.6}, config=BuildConfig(brute_force_below=1000)
+    )
     index = GalleryIndex.load(os.path.join(root, "index", "1"))
     return {"index": index, "manifest": manifest, "x": x, "ids": ids, "queries": queries}
 
@@ -535,7 +537,9 @@ def test_a_build_without_threshold_partitions(tmp_path, monkeypatch):
     free_rounds(monkeypatch)
     x = cluster_draws(20000, 64, 40, seed=0, stream=0)
     model = {"fingerprint": "test", "export_id": "test", "embedding_dim": 64, "normalization": "l2"}
-    manifest = write_index_folder(x, np.arange(len(x)), str(tmp_path), model, version=1, threshold_partitions=False)
+    manifest = write_index_folder(
+        x, np.arange(len(x)), str(tmp_path), model, version=1, config=BuildConfig(threshold_partitions=False)
+    )
     approx = manifest["threshold_search"]["approximate"]
     assert not (tmp_path / "partitions.npz").exists() and manifest["threshold_search"]["partition_leaves"] == 0
     assert approx["familiar"] is None and not approx["params"]["expand_leaves"]

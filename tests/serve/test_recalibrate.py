@@ -17,6 +17,7 @@ from export_fixtures import GALLERY_SIZE, captions
 
 from ce_retrieval import cli
 from ce_retrieval.build.export import embed_with_keras
+from ce_retrieval.build.index import BuildConfig
 from ce_retrieval.build.sharded import build_sharded_index
 from ce_retrieval.data.relevance_labels import RelevanceLabels, query_units, read_labels
 from ce_retrieval.evaluation.split_calibration import calibrate_split
@@ -175,7 +176,14 @@ def test_query_units_group_captions_with_the_same_relevant_items():
 def test_sharded_scann_index_is_recalibrated_per_shard_and_as_a_whole(export_copy, base_export, tmp_path):
     x = embed_with_keras(base_export["image"], base_export["gallery"])
     build_sharded_index(
-        x, base_export["ids"], export_copy, 1, num_shards=2, workers=1, overwrite=True, brute_force_below=100
+        x,
+        base_export["ids"],
+        export_copy,
+        1,
+        num_shards=2,
+        workers=1,
+        overwrite=True,
+        config=BuildConfig(brute_force_below=100),
     )
     texts, relevant = labelled(base_export, 80, seed=7)
     done = recalibrate_index(
