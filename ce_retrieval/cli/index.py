@@ -142,9 +142,25 @@ def _pipeline_gallery(path: str, meta: dict, version: int) -> tuple[np.ndarray, 
     return embeddings, ids, {"source": path, "embedded_gallery": {"export": made_by, "corrupt": corrupt}}
 
 
-def run(args) -> int:
-    from ce_retrieval.build.export import IMAGE_INPUT, TEXT_INPUT, load_signature
+class _Encoders:
+    """The export version's encoder signatures, each loaded on first use (a pipeline gallery with thresholds from a
+    file needs neither)."""
 
+    def __init__(self, export_dir: str, version: int):
+        self.export_dir, self.version = export_dir, version
+        self._loaded: dict[str, object] = {}
+
+    def __call__(self, part: str):
+        from ce_retrieval.build.export import load_signature
+
+        if part not in self._loaded:
+            _, self._loaded[part] = load_signature(layout.version_dir(self.export_dir, part, self.version))
+        return self._loaded[part]
+
+
+def _resolve_inputs(args) -> tuple[str, int, dict]:
+    """(export_dir, version, image encoder metadata) after checking the arguments: the given complete version, else
+    the newest one."""
     if args.shards < 1:
         raise SystemExit(f"error: --shards must be >= 1, got {args.shards}")
     if args.workers is not None and args.workers < 1:
@@ -154,27 +170,38 @@ def run(args) -> int:
     version = args.version if args.version is not None else (complete[-1] if complete else None)
     if version is None or version not in complete:
         raise SystemExit(f"error: no complete export version {version if version else ''} in {export_dir}")
-    meta = layout.export_metadata(export_dir, layout.IMAGE_ENCODER, version)
-    image_dir = layout.version_dir(export_dir, layout.IMAGE_ENCODER, version)
-    image_fn = None
+    return export_dir, version, layout.export_metadata(export_dir, layout.IMAGE_ENCODER, version)
+
+
+def _embed_gallery(args, meta: dict, version: int, encoders: _Encoders) -> tuple[np.ndarray, np.ndarray, dict]:
+    """The gallery's embeddings, ids and provenance: a pipeline output folder as it is, or ``--images`` embedded
+    with the image encoder, plus ``--distractors`` synthetic images (ids -1, -2, ...)."""
+    from ce_retrieval.build.export import IMAGE_INPUT
+
     if args.embeddings is not None:
         embeddings, ids, info = _pipeline_gallery(args.embeddings, meta, version)
     else:
-        _, image_fn = load_signature(image_dir)
+        image_fn = encoders(layout.IMAGE_ENCODER)
         images, ids, info = _read_gallery(args.images, meta)
         embeddings = _embed_batches(image_fn, IMAGE_INPUT, list(images), args.batch_size)
     if args.distractors:
         from ce_retrieval.data.synthetic import distractor_images
 
-        if image_fn is None:
-            _, image_fn = load_signature(image_dir)
         cfg = data_config_of(meta)
         extra = distractor_images(
             args.distractors, seed=getattr(cfg, "seed", 0) + 7919, image_size=getattr(cfg, "image_size", 64)
         )
-        embeddings = np.concatenate([embeddings, _embed_batches(image_fn, IMAGE_INPUT, list(extra), args.batch_size)])
+        extra_emb = _embed_batches(encoders(layout.IMAGE_ENCODER), IMAGE_INPUT, list(extra), args.batch_size)
+        embeddings = np.concatenate([embeddings, extra_emb])
         ids = np.concatenate([np.asarray(ids, dtype=np.int64), -np.arange(1, len(extra) + 1)])
         info["distractors"] = len(extra)
+    return embeddings, ids, info
+
+
+def _thresholds_and_queries(args, meta: dict, encoders: _Encoders, info: dict):
+    """(thresholds, queries, calibration): from ``--thresholds_json``, and with ``--calibration_split`` that split's
+    caption embeddings as the build's queries and, unless the file gave thresholds, its :func:`_calibrate`."""
+    from ce_retrieval.build.export import IMAGE_INPUT, TEXT_INPUT
 
     thresholds, queries, calibration = None, None, None
     if args.thresholds_json:
@@ -182,39 +209,60 @@ def run(args) -> int:
     if args.calibration_split:
         from ce_retrieval.data import load_retrieval_split
 
-        if image_fn is None:
-            _, image_fn = load_signature(image_dir)
-        _, text_fn = load_signature(layout.version_dir(export_dir, layout.TEXT_ENCODER, version))
+        image_fn, text_fn = encoders(layout.IMAGE_ENCODER), encoders(layout.TEXT_ENCODER)
         cal = load_retrieval_split(data_config_of(meta), args.calibration_split)
         queries = _embed_batches(text_fn, TEXT_INPUT, list(cal.captions), args.batch_size)
         cal_docs = _embed_batches(image_fn, IMAGE_INPUT, list(cal.images), args.batch_size)
         if thresholds is None and calibration is None:
             calibration = _calibrate(args, meta, queries, cal_docs, cal, {"split": args.calibration_split})
         info["calibration_split"] = args.calibration_split
+    return thresholds, queries, calibration
+
+
+def _build(args, embeddings, ids, export_dir: str, version: int, **inputs) -> tuple[dict, str, bool]:
+    """Builds the index (sharded with ``--shards S > 1``) with the command line's :class:`BuildConfig`; returns the
+    manifest, its layout in words and whether it met its recall targets."""
     config = BuildConfig(
         target_recall=args.target_recall,
         brute_force_below=args.brute_force_below,
         params=IndexParams(num_leaves=args.num_leaves, leaves_to_search=args.leaves_to_search),
     )
-    common = dict(
-        config=config,
+    if args.shards > 1:
+        manifest = build_sharded_index(
+            embeddings,
+            ids,
+            export_dir,
+            version,
+            num_shards=args.shards,
+            workers=args.workers,
+            config=config,
+            overwrite=args.overwrite,
+            **inputs,
+        )
+        kinds = sorted({s["kind"] for s in manifest["shards"]})
+        ok = manifest["ann"]["meets_target"] and manifest["ann"]["all_shards_meet_target"]
+        return manifest, f"{manifest['num_shards']} shards ({', '.join(kinds)})", ok
+    manifest = build_index(embeddings, ids, export_dir, version, config=config, overwrite=args.overwrite, **inputs)
+    return manifest, manifest["kind"], manifest["ann"]["meets_target"]
+
+
+def run(args) -> int:
+    """Resolve the inputs, embed the gallery, calibrate, build; exit status 1 when a recall target was missed."""
+    export_dir, version, meta = _resolve_inputs(args)
+    encoders = _Encoders(export_dir, version)
+    embeddings, ids, info = _embed_gallery(args, meta, version, encoders)
+    thresholds, queries, calibration = _thresholds_and_queries(args, meta, encoders, info)
+    manifest, layout_text, ok = _build(
+        args,
+        embeddings,
+        ids,
+        export_dir,
+        version,
         thresholds=thresholds,
         queries=queries,
-        overwrite=args.overwrite,
         gallery_info=info,
         calibration=calibration,
     )
-    if args.shards > 1:
-        manifest = build_sharded_index(
-            embeddings, ids, export_dir, version, num_shards=args.shards, workers=args.workers, **common
-        )
-        kinds = sorted({s["kind"] for s in manifest["shards"]})
-        layout_text = f"{manifest['num_shards']} shards ({', '.join(kinds)})"
-        ok = manifest["ann"]["meets_target"] and manifest["ann"]["all_shards_meet_target"]
-    else:
-        manifest = build_index(embeddings, ids, export_dir, version, **common)
-        layout_text = manifest["kind"]
-        ok = manifest["ann"]["meets_target"]
     ann = manifest["ann"]
     print(
         f"index version {version}: {manifest['num_items']} items, {layout_text}, "

@@ -86,3 +86,21 @@ def test_export_reproduces_the_keras_towers(model_dir, trained, tmp_path):
             assert got.shape == want.shape == (len(inputs), 16)
             np.testing.assert_allclose(got, want, rtol=0, atol=1e-5, err_msg=f"{tower} {signature}")
             np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_index_command_embeds_calibrates_and_builds(model_dir, trained, tmp_path):
+    """``ce-retrieval index`` through each of its steps on a real export: the test split embedded, synthetic
+    distractors added, the validation split calibrated (guaranteed thresholds for this gallery's size), the index
+    built and loadable."""
+    export_dir = tmp_path / "export"
+    _cli("export", "--model_dir", model_dir, "--export_dir", export_dir)
+    printed = _cli(
+        "index", "--export_dir", export_dir, "--images", "test", "--calibration_split", "val", "--distractors", 5
+    )
+    manifest = json.loads((export_dir / "index" / "1" / "manifest.json").read_text())
+    _, _, test = trained
+    assert manifest["num_items"] == len(test.images) + 5 and "index version 1" in printed
+    assert manifest["gallery"]["distractors"] == 5 and manifest["gallery"]["calibration_split"] == "val"
+    assert manifest["thresholds"]["guaranteed"]["gallery_size"] == manifest["num_items"]
+    assert manifest["thresholds"]["calibration"]["source"] == {"split": "val"}
