@@ -241,7 +241,7 @@ def global_pr_auc(
     ``best_f1`` (``threshold``, ``f1``, ``precision``, ``recall``, ``queries_top1_above``: share of queries whose
     top-scoring document clears the threshold, ``queries_top1_relevant_above``: ... and is relevant),
     ``precision_thresholds`` (``{"0.9": {...} or None}``), ``threshold_at_precision`` (the same thresholds, flat:
-    ``{"0.9": score or None}``, what ``ce_retrieval.serving`` stores in an index manifest) and ``curve``
+    ``{"0.9": score or None}``, what ``ce_retrieval.build`` stores in an index manifest) and ``curve``
     (``recall``, ``precision``, ``threshold``
     lists, recall ascending, starting at the (0, 1) point scikit-learn adds).
     """
