@@ -10,7 +10,7 @@ version (unit vectors, score s(q, x) = q.x):
     embeddings.npy  float32 [n, d] in leaf order;  ids.npy  int64 [n] (gallery id of each row); the manifest
                     holds the SHA-256 of both arrays
     partitions.npz  k-means ball partitions, finer than ScaNN's leaves, for exact threshold search and the
-                    approximate search's leaf expansion (see ``partitions``, ``threshold_search``)
+                    approximate search's leaf expansion (see ``search.partitions``, ``search.threshold``)
                     (the manifest's ``threshold_search`` records the measured set recall of the approximate
                     threshold search, ``ce_retrieval.search.threshold``, at the calibrated thresholds)
     scann/          serialised ScaNN searcher (galleries of at least ``brute_force_below`` items)
@@ -155,7 +155,7 @@ def gallery_tuning_queries(x: np.ndarray, seed: int) -> tuple[np.ndarray, np.nda
     a query from its clusters is; the nearest-neighbour-moved points of ``_held_out_like`` are not (on the 1M hard
     gallery, one index: set recall 0.961 for them, 0.993 for items, 0.992 for new draws of the gallery's
     clusters), and tuning on them took 2x the leaves such traffic needs. Queries unlike the gallery's items are
-    what the per-query familiarity check is for (``threshold_search``)."""
+    what the per-query familiarity check is for (``search.threshold``)."""
     n = min(len(x), THRESHOLD_TUNING_QUERIES)
     rows = np.sort(np.random.default_rng(seed).choice(len(x), size=n, replace=False))
     return np.asarray(x[rows]), rows, "gallery items as queries, each without itself (no validation queries given)"

@@ -16,12 +16,12 @@ Two questions, as in the paper:
                          ``search(texts, min_probability=0.9)``  every image whose P(relevant | score) >= 0.9
                                                             (the manifest's isotonic map, fitted on validation).
 Threshold queries use the index's default search (approximate where its build measured the set recall, see
-``threshold_search``); ``exact=True`` asks for the exact one. Scores are the calibrated cosine similarities;
+``search.threshold``); ``exact=True`` asks for the exact one. Scores are the calibrated cosine similarities;
 each hit also reports the highest calibrated precision level its score clears (``precision_level``: "at least
 90 % of pairs this high were relevant on validation data") and, when the index carries a probability map,
 ``probability``: P(this image is relevant | its score), from the same validation data.
 
-Sharded galleries: ``load`` serves a sharded ``index/<v>`` in-process (``sharded_index.load_index`` picks the
+Sharded galleries: ``load`` serves a sharded ``index/<v>`` in-process (``search.sharded.load_index`` picks the
 index type from the manifest); ``router.remote_searcher`` pairs the local text encoder with remote shard servers
 (through ``with_index``; this module does not import the router). Either way every result then carries its shard
 coverage (:class:`~ce_retrieval.search.interface.ShardCoverage`: which shards answered, which did not and why), and
