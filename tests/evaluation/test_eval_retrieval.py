@@ -150,7 +150,7 @@ def test_scann_searcher_plugs_in(rng):
 def test_one_scann_setup_for_evaluation_and_serving(rng):
     # ScannSearch and the serving index had their own ScaNN builders; they disagreed on the tree (plain vs
     # spherical k-means) and the re-ranking depth (max(k, 100) vs 100, or 200 from 500,000 items). The rule now
-    # shared (evaluation.ann.build_scann / default_params): spherical leaves, and re-rank at least the k results
+    # shared (search.ann.build_scann / default_params): spherical leaves, and re-rank at least the k results
     # asked for, 100 candidates, or 200 on galleries of 500,000 items or more.
     from ce_retrieval.search.ann import IndexParams, ScannSearch, default_params, scann_builder
 
