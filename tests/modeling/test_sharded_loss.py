@@ -1,13 +1,9 @@
 """The loss sharded over replicas (``ce_retrieval.losses.kernels.sharded``, ``train.loss_partition=sharded``).
 
-Multi-replica checks run tests/modeling/sharded_equivalence.py in two subprocesses started together (2 and 4
-logical CPUs; logical devices must be set before any op runs): for the four softmax-family losses (mining by
-fraction and by top_k), the replicas' shares sum to the one-device loss and their gradients (w.r.t. the scores,
-with many ties; w.r.t. the embeddings through all_gather and w.r.t. shared weights, summed over replicas) equal
-the one-device gradients; rows with two positives (two captions of one image) inside and across replicas. With 2
-replicas, one TwoTowerModel step ``sharded`` equals the ``replicated`` step (weights and logged loss); the same
-with gradient caching is ``python tests/modeling/sharded_equivalence.py DIR 4 chunk`` (not run here: model builds
-dominate the run time).
+Its multi-replica checks (2 and 4 logical CPUs: Σ shares = the one-device loss and equal gradients for the four
+softmax-family losses, and one TwoTowerModel step ``sharded`` == ``replicated``) run in the objective's replica
+harness, each computed once: tests/objective/test_objective_replicas.py. Here: the sharded loss outside a replica
+context, under tf.function, the refusals, and the multi-worker run.
 """
 
 import json
@@ -33,53 +29,7 @@ from ce_retrieval.losses import (
 from ce_retrieval.losses.kernels.sharded import sharded_softmax_loss
 from ce_retrieval.losses.kernels.softmax import softmax_loss
 
-SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sharded_equivalence.py")
-REPLICA_COUNTS = (2, 4)
-MODEL_STEP = 2  # the process that also checks a model step (model builds dominate the run time)
-
-
-@pytest.fixture(scope="module")
-def distributed_results(tmp_path_factory):
-    """Both subprocesses, run concurrently (graph building is mostly single-threaded)."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(SCRIPT)))
-    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    procs = {}
-    for replicas in REPLICA_COUNTS:
-        workdir = tmp_path_factory.mktemp(f"sharded{replicas}")
-        procs[replicas] = subprocess.Popen(
-            [sys.executable, SCRIPT, str(workdir), str(replicas)] + (["model"] if replicas == MODEL_STEP else []),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-    results = {}
-    for replicas, proc in procs.items():
-        stdout, stderr = proc.communicate(timeout=900)
-        results[replicas] = (proc.returncode, stdout, stderr)
-    return results
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("replicas", REPLICA_COUNTS)
-def test_sharded_shares_sum_to_global_loss_and_gradient(distributed_results, replicas):
-    returncode, stdout, stderr = distributed_results[replicas]
-    assert returncode == 0, stderr[-3000:]
-    result = json.loads(stdout.strip().splitlines()[-1])
-    assert result["replicas"] == replicas
-    assert len(result["losses"]) == 6
-    for name, diffs in result["losses"].items():  # relative differences: float32 sums in another order
-        for key, value in diffs.items():
-            assert value < 1e-5, (name, key, value)  # float32 rounding at λ = 20 (measured <= 2e-6)
-    if replicas != MODEL_STEP:
-        return
-    model = result["model"]
-    assert model["step_size"] > 1e-3  # the step really moved the weights
-    for name, diff in model["weight_diff"].items():
-        assert diff < 1e-5 * max(1.0, model["step_size"]), (name, diff)
-    logged = model["logged_loss"]
-    for name, value in logged.items():  # the logged loss is the global loss in both modes
-        assert abs(value - logged["replicated"]) < 1e-5 * max(1.0, abs(logged["replicated"])), (name, logged)
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 @pytest.mark.parametrize("cross_example", [False, True])
@@ -157,8 +107,8 @@ def _free_ports(count):
 @pytest.mark.slow
 def test_sharded_cross_example_under_multi_worker_mirrored():
     """2 workers on 127.0.0.1 (TF_CONFIG, one CPU replica each): CE and CENM shares sum to L, gradients equal."""
-    script = os.path.join(os.path.dirname(SCRIPT), "sharded_multiworker.py")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(SCRIPT)))
+    script = os.path.join(HERE, "sharded_multiworker.py")
+    root = os.path.dirname(os.path.dirname(HERE))
     env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
     env.pop("TF_CONFIG", None)
     ports = ",".join(map(str, _free_ports(2)))
