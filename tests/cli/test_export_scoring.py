@@ -49,6 +49,7 @@ def test_scoring_parameters_read_the_learned_logit_scale(trained_dir):
     assert scoring_parameters(model) == pytest.approx({"logit_scale": LEARNED}, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_demo_and_export_write_the_same_learned_logit_scale(trained_dir, tmp_path):
     by_cli, by_demo = str(tmp_path / "export_cli"), str(tmp_path / "export_demo")
     assert cli_main(["export", "--model_dir", trained_dir, "--export_dir", by_cli, "--no_verify"]) == 0

@@ -190,6 +190,7 @@ def _triplet_value(loss, relevance, scores):
     return loss(relevance, scores)
 
 
+@pytest.mark.slow
 def test_triplet_all_never_builds_cubic_tensor():
     """At N = M = 256 an [N, M, M] float32 tensor is 64 MiB; sort + binary search need O(N M)."""
     n = 256

@@ -101,6 +101,7 @@ def trained():
     return before, after, dict(zip(NAMES, history.T, strict=True))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_training_improves_recall_at_1(name, trained):
     before, after, history = trained

@@ -99,6 +99,7 @@ def test_cached_step_equals_the_full_step(vocab_file):
     assert int(cached.text_optimizer.iterations.numpy()) == 1 and int(cached.image_optimizer.iterations.numpy()) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tile", [0, 3])
 def test_cached_siglip_step_equals_the_full_step_with_learned_t_and_b(vocab_file, tile):
     """SigLIP with learned t and b (the objective's own variables: direct gradients), dense with a TCM regulariser
@@ -130,6 +131,7 @@ def test_cached_siglip_step_equals_the_full_step_with_learned_t_and_b(vocab_file
     assert all(abs(float(g)) > 0 for g in text_c[-2:])
 
 
+@pytest.mark.slow
 def test_xla_cached_step_matches_the_graph_step(vocab_file):
     plain, cached = _pair(vocab_file, jit=True)
     inputs = plain._prepare(make_batch(), augment=False)
@@ -141,6 +143,7 @@ def test_xla_cached_step_matches_the_graph_step(vocab_file):
     assert np.isfinite(logs["loss"][0]) and int(cached.image_optimizer.iterations.numpy()) == 1
 
 
+@pytest.mark.slow
 def test_train_mode_batchnorm_uses_chunk_statistics(vocab_file):
     """'train' BN: the cached gradient is the gradient of the chunk-wise forward (each chunk normalised with its
     own statistics), not of the full-batch forward; moving statistics get one update per chunk."""
@@ -202,6 +205,7 @@ def test_both_passes_see_the_same_augmented_pixels(vocab_file):
     )
 
 
+@pytest.mark.slow
 def test_mixed_float16_with_loss_scaling_under_xla(vocab_file):
     policy = tf_keras.mixed_precision.global_policy()
     tf_keras.mixed_precision.set_global_policy("mixed_float16")
@@ -226,6 +230,7 @@ def test_mixed_float16_with_loss_scaling_under_xla(vocab_file):
         tf_keras.mixed_precision.set_global_policy(policy)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("on_bad_batch", ["stop", "skip"])
 def test_on_bad_batch_flags_still_apply(vocab_file, on_bad_batch):
     model = build_two_tower(_config(), vocab_file)
@@ -251,6 +256,7 @@ def test_on_bad_batch_flags_still_apply(vocab_file, on_bad_batch):
     assert all(np.array_equal(a, v.numpy()) for a, v in zip(image_before, model.image_variables, strict=True))
 
 
+@pytest.mark.slow
 def test_refused_settings_and_config_wiring(vocab_file, tmp_path):
     opts = dict(
         loss=SampledSoftmax(), text_optimizer=tf_keras.optimizers.SGD(), image_optimizer=tf_keras.optimizers.SGD()

@@ -46,6 +46,7 @@ def test_checkpoint_round_trip_of_model_and_both_optimizers(vocab_file, tmp_path
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
 def test_mixed_precision_step(vocab_file, policy):
     tf_keras.mixed_precision.set_global_policy(policy)

@@ -6,6 +6,7 @@ import os
 import shutil
 
 import numpy as np
+import pytest
 import tensorflow as tf
 import tf_keras
 from modeling_fixtures import make_batch, make_images, tiny_config
@@ -14,6 +15,7 @@ from ce_retrieval.modeling import ImageAugmentation, TextTowerConfig, build_text
 from ce_retrieval.modeling.image_tower import build_backbone
 
 
+@pytest.mark.slow
 def test_hub_text_tower_loads_a_local_saved_model_and_matches_the_bert_tower(vocab_file, tmp_path):
     cfg = tiny_config()
     bert_tower = build_text_tower(cfg.text, 16, vocab_file)
@@ -81,6 +83,7 @@ def test_bert_checkpoint_and_local_resnet_weights_are_restored(vocab_file, tmp_p
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_encoders_export_as_saved_models_taking_raw_strings(vocab_file, tmp_path):
     model = build_two_tower(tiny_config(), vocab_file)
     batch = make_batch()

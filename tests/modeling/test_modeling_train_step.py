@@ -109,6 +109,7 @@ def test_logit_scale_wiring(vocab_file):
     assert float(learned.logit_scale) != pytest.approx(20.0, rel=1e-7)
 
 
+@pytest.mark.slow
 def test_xla_compiled_step_matches_the_graph_step(vocab_file):
     model = build_two_tower(tiny_config(), vocab_file)
     model.compile(

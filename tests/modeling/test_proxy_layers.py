@@ -146,6 +146,7 @@ def _pk_batches(x, y, steps, classes=5, per_class=4, seed=0):
     ],
     ids=["lmnn", "nca"],
 )
+@pytest.mark.slow
 def test_linear_metric_learning_with_fit_improves_knn(loss):
     x, y = make_labelled_data(num_classes=10, per_class=24, signal_dim=3, nuisance_dim=9, seed=3)
     train = (np.arange(len(y)) % 24) < 16

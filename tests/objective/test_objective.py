@@ -118,6 +118,7 @@ def test_every_path_equals_the_dense_path(name, partition, tile, bidirectional, 
     assert bool(result.has_positive)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("partition", ["replicated", "sharded"])
 def test_tiled_path_traces_under_xla(partition):
     loss = losses.CrossExampleNegativeMining(scale=20.0)

@@ -50,6 +50,7 @@ def _model(vocab, loss_name, **train):
     return model
 
 
+@pytest.mark.slow
 def test_config_selected_tiled_step_equals_the_dense_step(vocab):
     dense = _model(vocab, "CrossExampleNegativeMining")
     variants = {
@@ -77,6 +78,7 @@ def test_config_refuses_a_tile_size_for_a_loss_without_a_tiled_path(vocab):
         RetrievalTask(cfg).build_compiled_model(vocab, total_steps=10)
 
 
+@pytest.mark.slow
 def test_learned_lambda_keeps_its_checkpoint_name(vocab, tmp_path):
     """The objective uses the model's ``log_logit_scale`` variable, so checkpoints keep the key they had before the
     objective existed and restore into a fresh model."""

@@ -133,6 +133,7 @@ def _poisoned(task_vocab_file, jit: bool, policy: str, on_bad_batch: str):
     return model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("jit, policy", [(True, "float32"), (False, "float32"), (True, "mixed_float16")])
 def test_a_nan_step_stops_training_with_an_error_naming_the_step(task_vocab_file, jit, policy):
     model = _poisoned(task_vocab_file, jit, policy, "stop")
@@ -144,6 +145,7 @@ def test_a_nan_step_stops_training_with_an_error_naming_the_step(task_vocab_file
     assert all(np.array_equal(a, v.numpy()) for a, v in zip(image_before, model.image_variables, strict=True))
 
 
+@pytest.mark.slow
 def test_skip_leaves_the_weights_and_counts_the_step(task_vocab_file):
     model = _poisoned(task_vocab_file, True, "float32", "skip")
     image_before = [v.numpy().copy() for v in model.image_variables]

@@ -115,6 +115,7 @@ def _tcm_after_training(vocab, regularizers, steps=12):
     return before, after, history["loss"]
 
 
+@pytest.mark.slow
 def test_training_with_tcm_lowers_the_threshold_inconsistency(vocab):
     """Paired: the same towers trained on the same batch by SampledSoftmax alone and + 2·TCM; the TCM of the
     batch's cosines ends lower with the regulariser, and the regularised objective falls."""

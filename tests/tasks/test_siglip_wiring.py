@@ -127,6 +127,7 @@ def test_the_demo_baseline_drops_the_bias_its_loss_does_not_have():
     assert _baseline_model(siglip, "SigmoidLoss") is siglip
 
 
+@pytest.mark.slow
 def test_a_trained_siglip_model_exports_t_and_b(vocab, tmp_path, monkeypatch):
     """``ce-retrieval export``: the manifest carries the model's learned t (logit_scale) and b (logit_bias)."""
     import ce_retrieval.training
