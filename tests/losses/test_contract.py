@@ -416,6 +416,7 @@ def eager_and_xla():
     return dict(zip(CASE_IDS, zip(eager, xla, strict=True), strict=True))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case_id", CASE_IDS)
 def test_xla_equals_eager(case_id, eager_and_xla):
     (eager_value, eager_grad), (xla_value, xla_grad) = eager_and_xla[case_id]

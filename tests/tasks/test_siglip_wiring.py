@@ -153,6 +153,7 @@ def _siglip_tcm(**train):
     return cfg
 
 
+@pytest.mark.slow
 def test_xla_step_equals_the_graph_step_with_learned_t_b_and_tcm(vocab):
     model = RetrievalTask(_siglip_tcm(jit_compile=True)).build_compiled_model(vocab, total_steps=5)
     inputs = model._prepare(make_batch(), augment=False)
@@ -169,6 +170,7 @@ def test_xla_step_equals_the_graph_step_with_learned_t_b_and_tcm(vocab):
     tf_keras.backend.clear_session()
 
 
+@pytest.mark.slow
 def test_mixed_float16_step_and_checkpoint_keep_t_and_b(vocab, tmp_path):
     tf_keras.mixed_precision.set_global_policy("mixed_float16")
     try:

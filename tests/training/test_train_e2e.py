@@ -41,6 +41,7 @@ def _cli(model_dir, *overrides, env=None):
     return cmd, full_env
 
 
+@pytest.mark.slow
 def test_train_writes_model_dir_and_reloads(tmp_path):
     lines = []
     summary = train(_tiny_cfg(), str(tmp_path), print_fn=lines.append)
