@@ -135,3 +135,13 @@ def test_cli_lists_commands(capsys):
     with pytest.raises(SystemExit):
         cli.main(["--help"])
     assert "demo" in capsys.readouterr().out
+
+
+def test_test_file_basenames_are_unique():
+    """pytest imports test files by basename (rootdir-relative, no packages): two ``test_x.py`` in different folders
+    make one of them an "import file mismatch" collection error, which has happened when files moved."""
+    import collections
+    import pathlib
+
+    names = collections.Counter(p.name for p in pathlib.Path(__file__).parent.rglob("test_*.py"))
+    assert not [n for n, c in names.items() if c > 1], names.most_common(3)

@@ -10,7 +10,7 @@
     layout.py      on-disk layout of an export (encoder and index version folders) that build writes and
                    search and serve read
 
-Nothing here imports ``build``, ``serve`` or ``evaluation`` (tests/test_layering.py). ScaNN itself is imported
+Nothing here imports ``build``, ``serve`` or ``evaluation`` (tests/test_package_layering.py). ScaNN itself is imported
 by ``gallery`` only (eagerly, see there), so importing this package stays light.
 """
 

@@ -9,7 +9,7 @@
     metrics.py       Prometheus text-format request metrics
     recalibrate.py   new thresholds for a served version from labelled captions, published as a new version
 
-Imports point one way (tests/test_layering.py): service -> router -> searcher; shard_server and the searcher
+Imports point one way (tests/test_package_layering.py): service -> router -> searcher; shard_server and the searcher
 load indexes from ``search``; both apps -> http_app; router, searcher, shard_server -> wire. The ``query``,
 ``serve``, ``serve-shard`` and ``calibrate`` commands are in :mod:`ce_retrieval.cli`.
 """
