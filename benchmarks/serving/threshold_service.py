@@ -171,7 +171,8 @@ def query_modes(manifest: dict) -> tuple[list[tuple[str, dict]], dict, list[str]
     from ce_retrieval.evaluation.probability import ProbabilityMap
 
     calibrated = manifest.get("thresholds") or {}
-    thresholds = calibrated.get("threshold_at_precision") or {}
+    # a level the split could not estimate is stored as None (the demo's 0.9 on 500 validation images)
+    thresholds = {p: t for p, t in (calibrated.get("threshold_at_precision") or {}).items() if t is not None}
     modes, chosen, skipped = [("top-k", {"k": 10})], {}, []
     level = next((p for p in PRECISION_LEVELS if p in thresholds), None)
     if level is None and thresholds:

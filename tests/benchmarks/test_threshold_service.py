@@ -41,3 +41,13 @@ def test_threshold_service_smoke(tmp_path):
         assert 0.0 < g["served_set_recall_vs_exact"] <= 1.0
     md = (tmp_path / "out" / "threshold_service.md").read_text()
     assert "**0 failed requests**" in md and "| threshold, exact" in md and "cores" in md
+
+
+def test_query_modes_skip_a_level_the_split_could_not_estimate():
+    """A manifest stores an unestimated level as None (the demo's 0.9 on 500 validation images): the benchmark asks
+    for the next calibrated level, never for one the service refuses."""
+    manifest = {"thresholds": {"threshold_at_precision": {"0.5": 0.83, "0.8": 0.9, "0.9": None}}}
+    modes, chosen, skipped = bench.query_modes(manifest)
+    assert chosen == {"precision": 0.5, "threshold": 0.83}
+    assert ("threshold", {"precision": 0.5, "guarantee": False}) in modes
+    assert skipped == ["min_probability: the index has no probability map"]
