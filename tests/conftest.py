@@ -48,3 +48,11 @@ def _fresh_keras_state():
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Test files holding a ``slow`` test run first, the rest after, each file's tests in their own order: with
+    two xdist workers, a long test that starts last leaves one core idle while it finishes (the sort is
+    deterministic, so every worker collects the same order)."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)  # stable: within a group, collection order
