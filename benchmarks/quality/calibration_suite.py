@@ -71,6 +71,7 @@ class Plan:
     scratch_steps_per_epoch: int = 100
     scratch_batch: int = 64
     scratch_overrides: tuple = ()  # extra "a.b=v" overrides of the demo config (the quick plan's tiny model)
+    scratch_seeds: int | None = None  # seeds of the scratch regime (None: ``seeds``; the quick plan's smoke: 1)
     # Independent draws of the frozen features (tower pretraining seeds 0..D-1): the heads regime's unit of variance
     feature_draws: int = 1
     # λ candidates: each objective with a fixed λ is trained at the one its validation figures (PR-AUC + t->i R@1,
@@ -88,8 +89,11 @@ class Plan:
         if "scratch" in self.regimes:
             steps = self.scratch_epochs * self.scratch_steps_per_epoch
             per_run = steps * e["scratch_per_step"] + (self.scratch_epochs + 1) * e["eval"]
-            minutes += len(self.scratch_on()) * self.seeds * len(self.scratch_objectives) * per_run / 60
+            minutes += len(self.scratch_on()) * self.seeds_of("scratch") * len(self.scratch_objectives) * per_run / 60
         return minutes
+
+    def seeds_of(self, regime: str) -> int:
+        return self.scratch_seeds if regime == "scratch" and self.scratch_seeds is not None else self.seeds
 
     def scratch_on(self) -> tuple:
         return tuple(f for f in self.families if self.scratch_families is None or f in self.scratch_families)
@@ -117,10 +121,12 @@ QUICK = Plan(
     scratch_epochs=1,
     scratch_steps_per_epoch=3,
     scratch_batch=8,
-    scratch_overrides=(
+    scratch_overrides=(  # the demo towers, smaller: one text layer, two image stages (a scratch run is mostly tracing)
         "model.embedding_dim=16,model.text.hidden_size=16,model.text.num_layers=1,model.text.intermediate_size=32,"
-        "model.image.image_size=32,model.image.stackwise_filters=[4,8,8,8],train.backup_every_steps=100",
+        "model.image.image_size=32,model.image.stackwise_filters=[4,8],model.image.stackwise_blocks=[1,1],"
+        "model.image.stackwise_strides=[1,2],train.backup_every_steps=100",
     ),
+    scratch_seeds=1,  # the seed loop is the heads regime's: one scratch run per objective exercises the training job
 )
 
 
@@ -372,7 +378,7 @@ def run_plan(plan: Plan, out: str, recipe=None, rerun: bool = False, log=print) 
                             log(f"[suite] {line}")
                         continue
                     scale = None
-                    for seed in range(plan.seeds):
+                    for seed in range(plan.seeds_of(regime)):
                         name = f"{label}-seed{seed}" if draw == 0 else f"{label}-draw{draw}-seed{seed}"
                         path = os.path.join(out, "runs", regime, family, f"{name}.json")
                         if os.path.exists(path) and not rerun:
@@ -406,12 +412,15 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="runs/calibration_suite")
     parser.add_argument("--results", default=os.path.join("benchmarks", "results", "calibration_suite"))
     parser.add_argument("--plan", choices=sorted(PLANS), default="default", help="default (<= 45 min), full, quick")
-    parser.add_argument("--quick", action="store_true", help="= --plan quick: one tiny family, 2 seeds, few steps")
+    parser.add_argument(
+        "--quick", action="store_true", help="= --plan quick: one tiny family, 2 seeds (1 scratch), few steps"
+    )
     parser.add_argument("--families", nargs="*", choices=FAMILIES, default=None)
     parser.add_argument("--regimes", nargs="*", choices=REGIMES, default=None)
     parser.add_argument("--objectives", nargs="*", default=None, help="heads-regime objectives (default: the plan's)")
     parser.add_argument("--scratch_objectives", nargs="*", default=None, help="scratch-regime objectives")
     parser.add_argument("--seeds", type=int, default=None)
+    parser.add_argument("--scratch_seeds", type=int, default=None, help="scratch-regime seeds (default: --seeds)")
     parser.add_argument("--heads_steps", type=int, default=None)
     parser.add_argument("--feature_draws", type=int, default=None, help="independent frozen-feature draws (heads)")
     parser.add_argument("--scales", type=float, nargs="*", default=None, help="λ candidates chosen on validation")
@@ -432,6 +441,7 @@ def main(argv=None) -> int:
         "heads_objectives": tuple(args.objectives) if args.objectives else None,
         "scratch_objectives": tuple(args.scratch_objectives) if args.scratch_objectives else None,
         "seeds": args.seeds,
+        "scratch_seeds": args.scratch_seeds,
         "heads_steps": args.heads_steps,
         "feature_draws": args.feature_draws,
         "scales": tuple(args.scales) if args.scales is not None else None,

@@ -39,9 +39,12 @@ def test_quick_plan_writes_tables_plots_and_analysis(tmp_path):
     record = json.loads((results / "suite.json").read_text())
     ce = next(row for row in record["tables"]["heads/digits"] if row["objective"] == "CE")
     assert ce["pr_auc"]["n"] == 2 and ce["pr_auc"]["pairs"] == 2 and ce["pr_auc"]["diff"] is not None
-    ss_runs = [r for r in record["runs"] if r["run_name"] == "SS" and r["regime"] == "scratch"]
-    assert sorted(r["seed"] for r in ss_runs) == [0, 1]
-    assert ss_runs[0]["curve"]["step"] == [3] and ss_runs[0]["curve"]["split"] == "val"
+    heads_ss = [r for r in record["runs"] if r["run_name"] == "SS" and r["regime"] == "heads"]
+    assert sorted(r["seed"] for r in heads_ss) == [0, 1]
+    scratch = [r for r in record["runs"] if r["regime"] == "scratch"]  # the quick plan: one scratch seed
+    assert sorted((r["run_name"], r["seed"]) for r in scratch) == [("CE", 0), ("SS", 0)]
+    ss_run = next(r for r in scratch if r["run_name"] == "SS")
+    assert ss_run["curve"]["step"] == [3] and ss_run["curve"]["split"] == "val"
     assert (results / "digits.png").stat().st_size > 5_000
     analysis = (results / "analysis.md").read_text()
     assert "## heads regime, digits" in analysis and "## scratch regime, digits" in analysis

@@ -8,9 +8,10 @@ import pytest
 
 from benchmarks.scale import train_scale as bench
 
-TINY = (  # the demo towers, smaller: the same layers, fewer and narrower
+TINY = (  # the demo towers, smaller: the same layers, fewer and narrower (two image stages: a run is mostly tracing)
     "model.embedding_dim=16,model.text.hidden_size=16,model.text.num_layers=1,model.text.intermediate_size=32,"
-    "model.image.image_size=32,model.image.stackwise_filters=[4,8,8,8]"
+    "model.image.image_size=32,model.image.stackwise_filters=[4,8],model.image.stackwise_blocks=[1,1],"
+    "model.image.stackwise_strides=[1,2]"
 )
 
 
