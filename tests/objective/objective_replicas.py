@@ -1,14 +1,21 @@
 """Run as a subprocess by test_objective_replicas.py: the objective, the sharded loss and a model step under
-MirroredStrategy on R logical CPUs vs one device, each computed once in one process per R. Usage:
-``python objective_replicas.py WORKDIR R [model] [chunk]``; prints one JSON line of relative differences.
+MirroredStrategy on R logical CPUs vs one device, in one process per R. Usage:
+``python objective_replicas.py WORKDIR R [model] [chunk] [all]``; prints one JSON line of relative differences.
 
 ``objective``: for every registered loss, the replicated dense path: Σ_r (share_r) = L and the replicas' embedding
 gradients (through all_gather) = the one-device gradients of L. For the softmax family also tiled, sharded and
 sharded + tiled (T = 3, bidirectional and learned λ included), and for SigLIP the same paths with learned t and b,
-in a graph.
+in a graph. Each check is traced once per replica and dominates the run time, so the harness's two processes
+(R = 2 and R = 4) split them (:func:`checked_here`; ``all``: this process checks every one): the dense path of the
+registered losses in registry order, odd positions at R = 2 and even at R = 4 (the replication code is the
+objective's, shared by every loss); the family's tiled and sharded paths likewise by the parity of loss + path
+position (``FAMILY_PATHS``: each R checks each path for four of the eight losses), CrossExampleNegativeMining's
+sharded + tiled path (partition function and mining histograms combined across replicas and tiles) at both;
+SigLIP's tiled path at R = 2, its sharded path at R = 4 and its sharded + tiled path at both. The union over both
+processes is every registered loss's dense path and every family and SigLIP path (the test asserts it).
 ``sharded``: the sharded softmax-family loss (``ce_retrieval.losses.kernels.sharded``) on 16 rows for the four losses,
-mining by fraction and by top_k: Σ shares = L and dL/dS (scores with many ties); for top_k mining (the objective's
-paths above mine by the default fraction) also dL/dX through all_gather and Σ_r dL/dW of shared weights.
+mining by fraction and by top_k, at every R: Σ shares = L and dL/dS (scores with many ties); for top_k mining (the
+objective's paths above mine by the default fraction) also dL/dX through all_gather and Σ_r dL/dW of shared weights.
 ``model`` (with ``model``): one TwoTowerModel step ``sharded`` == the ``replicated`` step (weights, logged loss);
 with ``chunk``, ``sharded`` with gradient caching (``train.embedding_chunk=1``) instead.
 Logical devices must be configured before TensorFlow runs any op, hence a fresh process.
@@ -23,6 +30,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 REPLICAS = int(sys.argv[2]) if len(sys.argv) > 2 else 2
 MODEL_STEP = "model" in sys.argv[3:]
 CHUNK = "chunk" in sys.argv[3:]
+EVERY_CHECK = "all" in sys.argv[3:] or REPLICAS not in (2, 4)  # the split below is between R = 2 and R = 4
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -81,7 +89,7 @@ def replicas(strategy, make):
             )
         )
 
-    @tf.function
+    @tf.function(autograph=False)  # no tensor-dependent Python control flow: conversion only costs trace time
     def step(text, image, ids):
         def fn(t, v, i):
             with tf.GradientTape() as tape:
@@ -107,10 +115,33 @@ def compare(strategy, make):
     return {"value": rel(got, want), "grads": max(rel(g, w) for g, w in zip(got_grads, want_grads, strict=True))}
 
 
+def checked_here(position: int) -> bool:
+    """Whether this process checks the split check at ``position`` (module docstring): R = 2 the odd positions,
+    R = 4 the even ones (AngularLoss and TripletLoss, whose traces cost the most, sit at odd registry positions: the
+    cheaper R = 2 traces them)."""
+    return EVERY_CHECK or position % 2 == (REPLICAS == 2)
+
+
+# the family's paths (partition, tile, bidirectional, learned λ), split by the parity of (loss + path) position:
+# R = 2 checks the tiled path of AngularSoftmax, CrossExampleNegativeMining, LargeMarginSoftmax and
+# StochasticNegativeMining, the sharded path of the other four (R = 4 the other way round; the sharded kernel with
+# mining by fraction and by top_k runs at every R: check_sharded), and sharded + tiled for the odd four
+# (AngularSoftmax, CrossExampleNegativeMining, LargeMarginSoftmax, StochasticNegativeMining; R = 4 the even four,
+# CrossExampleSoftmax among them)
+FAMILY_PATHS = [("replicated", 3, False, False), ("sharded", 0, True, True), ("sharded", 3, True, True)]
+# checked at both R: the sharded + tiled path that combines the cross-example partition function and the mining
+# histograms across replicas and tiles
+BOTH = {"CrossExampleNegativeMining/sharded/tile3"}
+# SigLIP's paths with learned t and b, and the processes that check them: sharded + tiled at both
+SIGLIP_PATHS = [("replicated", 3, (2,)), ("sharded", 0, (4,)), ("sharded", 3, (2, 4))]
+
+
 def check_objective(strategy):
     """The objective's paths (module docstring): {name/path: {value, grads}}."""
     results = {}
-    for name in losses.available():
+    for position, name in enumerate(losses.available()):
+        if not checked_here(position):
+            continue
         bias = -10.0 if losses.lookup(name).has_logit_bias else None  # SigLIP: b is the objective's, like λ
         loss = build_loss(LossConfig(name=name), ModelConfig(logit_bias=bias))
         results[f"{name}/replicated"] = compare(
@@ -123,12 +154,10 @@ def check_objective(strategy):
         and losses.lookup(n).supports_tiled
         and losses.lookup(n).supports_sharded
     ]
-    for name in family:
-        for partition, tile, bidirectional, learn in [
-            ("replicated", 3, False, False),
-            ("sharded", 0, True, True),
-            ("sharded", 3, True, True),
-        ]:
+    for position, name in enumerate(family):
+        for path, (partition, tile, bidirectional, learn) in enumerate(FAMILY_PATHS):
+            if not (f"{name}/{partition}/tile{tile}" in BOTH or checked_here(position + path)):
+                continue
             kwargs = {"bidirectional": bidirectional}
             loss = build_loss(LossConfig(name=name, kwargs=kwargs), ModelConfig(learn_logit_scale=learn))
 
@@ -139,7 +168,9 @@ def check_objective(strategy):
             results[f"{name}/{partition}/tile{tile}/bi{int(bidirectional)}/learn{int(learn)}"] = compare(strategy, make)
     learned = ModelConfig(logit_scale=10.0, learn_logit_scale=True, logit_bias=-10.0, learn_logit_bias=True)
     siglip = build_loss(LossConfig(name="SigmoidLoss"), learned)
-    for partition, tile in [("replicated", 3), ("sharded", 0), ("sharded", 3)]:
+    for partition, tile, counts in SIGLIP_PATHS:
+        if not (EVERY_CHECK or REPLICAS in counts):
+            continue
 
         def make(partition=partition, tile=tile):
             scale, bias = LogitScale(10.0, learn=True), LogitBias(-10.0, learn=True)
@@ -191,7 +222,7 @@ def check_scores(strategy, case):
         dense = softmax_loss(relevance, s, SHARDED_SCALE, cross, fraction, top_k)
     dense_grad = tape.gradient(dense, s).numpy()
 
-    @tf.function
+    @tf.function(autograph=False)
     def step(s_local, ids_local):
         def fn(s_r, ids_r):
             with tf.GradientTape() as tape:
@@ -236,7 +267,7 @@ def check_embeddings(strategy, case):
     with strategy.scope():
         mw_t, mw_v = tf.Variable(w_t0), tf.Variable(w_v0)
 
-    @tf.function
+    @tf.function(autograph=False)
     def step(xt_local, xv_local, ids_local):
         def fn(xt_r, xv_r, ids_r):
             with tf.GradientTape() as tape:
@@ -337,7 +368,11 @@ def check_sharded(strategy):
 def main(workdir):
     strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(REPLICAS)])
     assert strategy.num_replicas_in_sync == REPLICAS
+    # each check's graph runs once: Grappler's rewrites (value-preserving) cost more than they save (about 13% of the
+    # R = 4 run); the model step below runs with them, as training does
+    tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
     result = {"replicas": REPLICAS, "results": check_objective(strategy), "losses": check_sharded(strategy)}
+    tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": False})
     if MODEL_STEP or CHUNK:  # model builds dominate the run time: the test runs them with 2 replicas only
         result["model"] = check_model_step(strategy, workdir)
     print(json.dumps(result))

@@ -4,7 +4,11 @@ two concurrent subprocesses: objective_replicas.py, each check computed once) eq
 The objective, for every registered loss on the replicated dense path, and for the softmax family and SigLIP on the
 tiled, sharded and sharded + tiled paths (bidirectional, learned λ and b included): Σ_r share_r = L and the
 replicas' gradients (embeddings through all_gather, λ and b summed over replicas) = dL/d(·) on one device. Rows with
-two positives sit inside and across replicas.
+two positives sit inside and across replicas. Each of these checks traces its loss once per replica, so the two
+processes split them (objective_replicas.py's docstring says which R checks which): every registered loss's dense
+path at one R (odd registry positions at R = 2, even at R = 4), each family path for four of the eight losses at
+each R, CrossExampleNegativeMining's and SigLIP's sharded + tiled paths at both; the union covers every loss and
+path (asserted here).
 
 The sharded loss (``ce_retrieval.losses.kernels.sharded``, ``train.loss_partition=sharded``) for the four softmax-family
 losses (mining by fraction and by top_k): the replicas' shares sum to the one-device loss and their gradients w.r.t.
@@ -48,6 +52,21 @@ def results(tmp_path_factory):
     return out
 
 
+def _family_and_registered():
+    """The registered losses and the softmax family with every path (as objective_replicas.py selects them)."""
+    from ce_retrieval import losses
+
+    registered = losses.available()
+    family = [
+        n
+        for n in registered
+        if issubclass(losses.lookup(n), losses.SoftmaxFamilyLoss)
+        and losses.lookup(n).supports_tiled
+        and losses.lookup(n).supports_sharded
+    ]
+    return registered, family
+
+
 def _result(results, replicas):
     returncode, stdout, stderr = results[replicas]
     assert returncode == 0, stderr[-3000:]
@@ -60,10 +79,29 @@ def _result(results, replicas):
 @pytest.mark.parametrize("replicas", REPLICA_COUNTS)
 def test_every_path_under_replicas_equals_one_device(results, replicas):
     result = _result(results, replicas)
-    assert len(result["results"]) > 40
+    registered, family = _family_and_registered()
+    checked = set(result["results"])
+    # this R's share of the split (objective_replicas.py): half the dense paths, four losses per family path, and
+    # the sharded + tiled paths that run at both R
+    assert sum(f"{n}/replicated" in checked for n in registered) == (len(registered) + (replicas == 4)) // 2
+    for path in ("replicated/tile3/bi0/learn0", "sharded/tile0/bi1/learn1", "sharded/tile3/bi1/learn1"):
+        assert sum(f"{n}/{path}" in checked for n in family) >= len(family) // 2, path
+    assert {"CrossExampleNegativeMining/sharded/tile3/bi1/learn1", "SigmoidLoss/sharded/tile3/learn1"} <= checked
     for name, diffs in result["results"].items():
         for key, value in diffs.items():
             assert value < 2e-5, (name, key, value)  # float32 sums in another order (measured <= 3e-7 with 2 and 4)
+
+
+@pytest.mark.slow
+def test_both_replica_counts_together_check_every_loss_and_path(results):
+    registered, family = _family_and_registered()
+    checked = set().union(*(_result(results, replicas)["results"] for replicas in REPLICA_COUNTS))
+    want = {f"{n}/replicated" for n in registered}
+    for path in ("replicated/tile3/bi0/learn0", "sharded/tile0/bi1/learn1", "sharded/tile3/bi1/learn1"):
+        want |= {f"{n}/{path}" for n in family}
+    want |= {f"SigmoidLoss/{path}/learn1" for path in ("replicated/tile3", "sharded/tile0", "sharded/tile3")}
+    assert len(family) == 8 and want <= checked, sorted(want - checked)
+    assert len(checked) == len(want), sorted(checked - want)
 
 
 @pytest.mark.slow
