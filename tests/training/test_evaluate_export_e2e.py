@@ -4,6 +4,7 @@ computed here from the same towers, and the exported SavedModels reproduce the K
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -45,6 +46,15 @@ def trained(model_dir):
     return cfg, model, data.load_retrieval_split(cfg.data, "test")
 
 
+@pytest.fixture(scope="module")
+def exported(model_dir, tmp_path_factory):
+    """``ce-retrieval export`` of the trained model, run once: (export directory, what the command printed).
+    Read-only: a test that adds to it works on a copy."""
+    export_dir = tmp_path_factory.mktemp("exported") / "export"
+    printed = _cli("export", "--model_dir", model_dir, "--export_dir", export_dir)
+    return export_dir, printed
+
+
 @pytest.mark.slow
 def test_evaluate_on_a_trained_model_dir(model_dir, trained, tmp_path):
     from ce_retrieval.evaluation.embed import embed_split
@@ -67,11 +77,10 @@ def test_evaluate_on_a_trained_model_dir(model_dir, trained, tmp_path):
 
 
 @pytest.mark.slow
-def test_export_reproduces_the_keras_towers(model_dir, trained, tmp_path):
+def test_export_reproduces_the_keras_towers(exported, trained):
     from ce_retrieval.build.export import embed_with_keras, load_signature
 
-    export_dir = tmp_path / "export"
-    printed = _cli("export", "--model_dir", model_dir, "--export_dir", export_dir)
+    export_dir, printed = exported
     assert "exported version 1" in printed
     _, model, test = trained
     captions, images = list(test.captions[:20]), list(test.images[:8])
@@ -89,12 +98,12 @@ def test_export_reproduces_the_keras_towers(model_dir, trained, tmp_path):
 
 
 @pytest.mark.slow
-def test_index_command_embeds_calibrates_and_builds(model_dir, trained, tmp_path):
+def test_index_command_embeds_calibrates_and_builds(exported, trained, tmp_path):
     """``ce-retrieval index`` through each of its steps on a real export: the test split embedded, synthetic
     distractors added, the validation split calibrated (guaranteed thresholds for this gallery's size), the index
     built and loadable."""
     export_dir = tmp_path / "export"
-    _cli("export", "--model_dir", model_dir, "--export_dir", export_dir)
+    shutil.copytree(exported[0], export_dir)  # the index goes into the export: leave the shared one as it was
     printed = _cli(
         "index", "--export_dir", export_dir, "--images", "test", "--calibration_split", "val", "--distractors", 5
     )

@@ -127,13 +127,19 @@ def test_same_seed_gives_the_same_model(tmp_path):
     figures measured on one clone reproduce on another; another seed gives other weights."""
     import numpy as np
 
-    def weights(name, *overrides):
+    runs = {"a": (), "b": (), "c": ("train.seed=1",)}
+    procs = {}
+    for name, overrides in runs.items():  # independent fresh processes: run side by side
         cmd, env = _cli(tmp_path / name, "evaluation.every_n_epochs=0", *overrides)
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stderr[-3000:]
+        procs[name] = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    for proc in procs.values():
+        err = proc.communicate(timeout=600)[1]
+        assert proc.returncode == 0, err[-3000:]
+
+    def weights(name):
         _, model = load_trained(str(tmp_path / name), which="latest")
         return [w.numpy() for w in model.weights]
 
-    a, b, c = weights("a"), weights("b"), weights("c", "train.seed=1")
+    a, b, c = weights("a"), weights("b"), weights("c")
     assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
     assert not all(np.array_equal(x, y) for x, y in zip(a, c, strict=True))
