@@ -24,6 +24,7 @@ from modeling_fixtures import VOCAB, make_batch, tiny_config  # noqa: E402
 
 from ce_retrieval.losses import SampledSoftmax  # noqa: E402
 from ce_retrieval.modeling import build_two_tower  # noqa: E402
+from ce_retrieval.utils.seeding import seed_everything  # noqa: E402
 
 
 def build(strategy, vocab, chunk, run_eagerly=False):
@@ -50,6 +51,7 @@ def max_diff(a, b):
 
 
 def main(workdir):
+    seed_everything(0, deterministic=False)  # the same initial weights in every run (after the logical devices)
     vocab = os.path.join(workdir, "vocab.txt")
     with open(vocab, "w") as f:
         f.write("\n".join(VOCAB) + "\n")

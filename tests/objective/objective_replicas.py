@@ -50,6 +50,7 @@ from ce_retrieval.modeling import build_two_tower, gather_from_replicas  # noqa:
 from ce_retrieval.modeling.config import ModelConfig  # noqa: E402
 from ce_retrieval.objective import LogitBias, LogitScale, RetrievalObjective  # noqa: E402
 from ce_retrieval.tasks import build_loss  # noqa: E402
+from ce_retrieval.utils.seeding import seed_everything  # noqa: E402
 
 ROWS = 8
 IDS = np.array([0, 0, 1, 2, 3, 4, 5, 5], np.int64)  # duplicate ids inside and across replicas
@@ -366,6 +367,7 @@ def check_sharded(strategy):
 
 
 def main(workdir):
+    seed_everything(0, deterministic=False)  # the same initial weights in every run (after the logical devices)
     strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(REPLICAS)])
     assert strategy.num_replicas_in_sync == REPLICAS
     # each check's graph runs once: Grappler's rewrites (value-preserving) cost more than they save (about 13% of the
