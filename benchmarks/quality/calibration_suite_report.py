@@ -124,7 +124,7 @@ def markdown(outcome: dict, tables: dict, plan, minutes: float, machine: dict | 
         "# Calibration suite (#21): objectives x dataset families x regimes, paired seeds",
         "",
         f"Plan: families {', '.join(plan.families)}; {plan.seeds} paired seeds"
-        + (f" ({plan.scratch_seeds} in the scratch regime)" if getattr(plan, "scratch_seeds", None) else "")
+        + (f" ({plan.seeds_of('scratch')} in the scratch regime)" if plan.seeds_of("scratch") != plan.seeds else "")
         + f"; heads regime "
         f"{plan.heads_steps} steps at batch {plan.heads_batch}; scratch regime "
         f"{plan.scratch_epochs} x {plan.scratch_steps_per_epoch} steps at batch {plan.scratch_batch}. "

@@ -40,6 +40,7 @@ cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * REPLICAS)
 
 from modeling_fixtures import VOCAB, make_batch, tiny_config  # noqa: E402
+from replica_paths import family_with_every_path  # noqa: E402  (this file's folder: sys.path[0])
 
 from ce_retrieval import losses  # noqa: E402
 from ce_retrieval.configs.experiment import LossConfig  # noqa: E402
@@ -148,13 +149,7 @@ def check_objective(strategy):
         results[f"{name}/replicated"] = compare(
             strategy, lambda loss=loss, bias=bias: (RetrievalObjective(loss, logit_bias=bias), LogitScale())
         )
-    family = [  # the softmax losses with every path (MixedSoftmax is dense only, covered above)
-        n
-        for n in losses.available()
-        if issubclass(losses.lookup(n), losses.SoftmaxFamilyLoss)
-        and losses.lookup(n).supports_tiled
-        and losses.lookup(n).supports_sharded
-    ]
+    family = family_with_every_path()  # MixedSoftmax is dense only, covered above
     for position, name in enumerate(family):
         for path, (partition, tile, bidirectional, learn) in enumerate(FAMILY_PATHS):
             if not (f"{name}/{partition}/tile{tile}" in BOTH or checked_here(position + path)):

@@ -53,18 +53,12 @@ def results(tmp_path_factory):
 
 
 def _family_and_registered():
-    """The registered losses and the softmax family with every path (as objective_replicas.py selects them)."""
+    """The registered losses and the softmax family with every path (objective_replicas.py's selection)."""
+    from replica_paths import family_with_every_path
+
     from ce_retrieval import losses
 
-    registered = losses.available()
-    family = [
-        n
-        for n in registered
-        if issubclass(losses.lookup(n), losses.SoftmaxFamilyLoss)
-        and losses.lookup(n).supports_tiled
-        and losses.lookup(n).supports_sharded
-    ]
-    return registered, family
+    return losses.available(), family_with_every_path()
 
 
 def _result(results, replicas):
