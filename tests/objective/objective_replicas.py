@@ -6,10 +6,11 @@ MirroredStrategy on R logical CPUs vs one device, in one process per R. Usage:
 gradients (through all_gather) = the one-device gradients of L. For the softmax family also tiled, sharded and
 sharded + tiled (T = 3, bidirectional and learned λ included), and for SigLIP the same paths with learned t and b,
 in a graph. Each check is traced once per replica and dominates the run time, so the harness's two processes
-(R = 2 and R = 4) split them (:func:`checked_here`; ``all``: this process checks every one): the dense path of the
-registered losses in registry order, odd positions at R = 2 and even at R = 4 (the replication code is the
-objective's, shared by every loss); the family's tiled and sharded paths likewise by the parity of loss + path
-position (``FAMILY_PATHS``: each R checks each path for four of the eight losses), CrossExampleNegativeMining's
+(R = 2 and R = 4) split them (:func:`checked_here`, :func:`dense_here`; ``all``: this process checks every one):
+the dense path of every registered loss at R = 2, and of ``DENSE_AT_FOUR`` also at R = 4 (the replication code is
+the objective's, shared by every loss; an R = 4 trace costs twice an R = 2 one); the family's tiled and sharded
+paths by the parity of loss + path position (``FAMILY_PATHS``: each R checks each path for four of the eight
+losses), CrossExampleNegativeMining's
 sharded + tiled path (partition function and mining histograms combined across replicas and tiles) at both;
 SigLIP's tiled path at R = 2, its sharded path at R = 4 and its sharded + tiled path at both. The union over both
 processes is every registered loss's dense path and every family and SigLIP path (the test asserts it).
@@ -117,10 +118,19 @@ def compare(strategy, make):
     return {"value": rel(got, want), "grads": max(rel(g, w) for g, w in zip(got_grads, want_grads, strict=True))}
 
 
+# the dense path at R = 4 as well: a cross-example loss with mining (global histograms), a pair loss and a proxy
+# loss (class-proxy weights summed over replicas)
+DENSE_AT_FOUR = ("CrossExampleNegativeMining", "MultiSimilarityLoss", "ProxyNCALoss")
+
+
+def dense_here(name: str) -> bool:
+    """Whether this process checks ``name``'s dense path: every loss at R = 2, ``DENSE_AT_FOUR`` at R = 4."""
+    return EVERY_CHECK or REPLICAS == 2 or name in DENSE_AT_FOUR
+
+
 def checked_here(position: int) -> bool:
-    """Whether this process checks the split check at ``position`` (module docstring): R = 2 the odd positions,
-    R = 4 the even ones (AngularLoss and TripletLoss, whose traces cost the most, sit at odd registry positions: the
-    cheaper R = 2 traces them)."""
+    """Whether this process checks the family path at ``position`` (loss + path position, module docstring): R = 2
+    the odd positions, R = 4 the even ones."""
     return EVERY_CHECK or position % 2 == (REPLICAS == 2)
 
 
@@ -141,8 +151,8 @@ SIGLIP_PATHS = [("replicated", 3, (2,)), ("sharded", 0, (4,)), ("sharded", 3, (2
 def check_objective(strategy):
     """The objective's paths (module docstring): {name/path: {value, grads}}."""
     results = {}
-    for position, name in enumerate(losses.available()):
-        if not checked_here(position):
+    for name in losses.available():
+        if not dense_here(name):
             continue
         bias = -10.0 if losses.lookup(name).has_logit_bias else None  # SigLIP: b is the objective's, like λ
         loss = build_loss(LossConfig(name=name), ModelConfig(logit_bias=bias))

@@ -6,7 +6,7 @@ tiled, sharded and sharded + tiled paths (bidirectional, learned λ and b includ
 replicas' gradients (embeddings through all_gather, λ and b summed over replicas) = dL/d(·) on one device. Rows with
 two positives sit inside and across replicas. Each of these checks traces its loss once per replica, so the two
 processes split them (objective_replicas.py's docstring says which R checks which): every registered loss's dense
-path at one R (odd registry positions at R = 2, even at R = 4), each family path for four of the eight losses at
+path at R = 2 and three of them (DENSE_AT_FOUR) also at R = 4, each family path for four of the eight losses at
 each R, CrossExampleNegativeMining's and SigLIP's sharded + tiled paths at both; the union covers every loss and
 path (asserted here).
 
@@ -75,9 +75,9 @@ def test_every_path_under_replicas_equals_one_device(results, replicas):
     result = _result(results, replicas)
     registered, family = _family_and_registered()
     checked = set(result["results"])
-    # this R's share of the split (objective_replicas.py): half the dense paths, four losses per family path, and
-    # the sharded + tiled paths that run at both R
-    assert sum(f"{n}/replicated" in checked for n in registered) == (len(registered) + (replicas == 4)) // 2
+    # this R's share of the split (objective_replicas.py): every dense path at R = 2 and three at R = 4, four losses
+    # per family path, and the sharded + tiled paths that run at both R
+    assert sum(f"{n}/replicated" in checked for n in registered) == (len(registered) if replicas == 2 else 3)
     for path in ("replicated/tile3/bi0/learn0", "sharded/tile0/bi1/learn1", "sharded/tile3/bi1/learn1"):
         assert sum(f"{n}/{path}" in checked for n in family) >= len(family) // 2, path
     assert {"CrossExampleNegativeMining/sharded/tile3/bi1/learn1", "SigmoidLoss/sharded/tile3/learn1"} <= checked
