@@ -1,16 +1,12 @@
 """Shared test set-up: Keras 2 for keras-cv (set by the test process, as the ce-retrieval command does), quiet
-TensorFlow, XLA's CPU backend at LLVM optimisation level 0 (the tests compile many small XLA programs and run each
-once, so compilation is their cost: 40 % less CPU for the XLA tests of test_grad_cache.py; the HLO passes are the
-same, and benchmarks and users keep the default level), deterministic seeds, a fresh Keras session per test, and one
-guard: every pinned outside library the tests compare with (pytorch-metric-learning, torch, faiss, TensorFlow
-Similarity, scikit-learn) must be installed at its pin, or the run fails before any test (no ``importorskip``)."""
+TensorFlow, deterministic seeds, a fresh Keras session per test, and one guard: every pinned outside library the
+tests compare with (pytorch-metric-learning, torch, faiss, TensorFlow Similarity, scikit-learn) must be installed
+at its pin, or the run fails before any test (no ``importorskip``)."""
 
 import os
 
 os.environ["TF_USE_LEGACY_KERAS"] = "1"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):  # inherited by the tests' subprocesses
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
