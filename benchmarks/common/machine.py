@@ -26,6 +26,11 @@ class LoadSampler(threading.Thread):
             self.loads.append(os.getloadavg()[0])
 
 
+def load_average() -> list[float]:
+    """The 1-, 5- and 15-minute load averages now, rounded to 2 decimals (a record's ``load_average_1_5_15``)."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
 def cpu_name() -> str:
     """The CPU model from ``/proc/cpuinfo`` (``platform.processor()`` where there is none)."""
     try:
@@ -63,4 +68,4 @@ def run_module(module: str, *args: str, **kwargs) -> subprocess.CompletedProcess
     return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, **kwargs)
 
 
-__all__ = ["LoadSampler", "cpu_name", "host", "machine_info", "run_module"]
+__all__ = ["LoadSampler", "cpu_name", "host", "load_average", "machine_info", "run_module"]

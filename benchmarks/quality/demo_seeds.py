@@ -26,6 +26,7 @@ import sys
 import time
 
 from benchmarks import ROOT
+from benchmarks.common.machine import load_average
 from benchmarks.common.records import write_record
 from ce_retrieval.cli.demo_record import FIGURES, RANGE_FILE, fmt
 
@@ -36,7 +37,7 @@ def run_seed(seed: int, workdir: pathlib.Path, extra: list[str]) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "ce_retrieval.cli", "demo", "--workdir", str(out)]
     cmd += ["--params_override", f"train.seed={seed}", *extra]
-    load = os.getloadavg()
+    load = load_average()
     start = time.perf_counter()
     with open(out / "demo.log", "w") as log:
         code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, check=False).returncode

@@ -19,7 +19,7 @@ import json
 import os
 import pathlib
 
-from benchmarks.common.machine import cpu_name
+from benchmarks.common.machine import cpu_name, load_average
 from benchmarks.common.records import write_record
 
 FIGS = (("pr_auc", "PR-AUC"), ("t2i_r1", "t→i R@1"), ("i2t_r1", "i→t R@1"), ("mean_calibration_error", "cal. err."))
@@ -86,7 +86,7 @@ def main(argv=None) -> int:
         + " --note ..." * len(args.note),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": f"{cpu_name()}, {os.cpu_count()} cores",
-        "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
+        "load_average_1_5_15": load_average(),
         "demo_command": demo["command"],
         "demo_candidates": demo["candidates"],
         "paired": {

@@ -26,7 +26,7 @@ import sys
 import time
 
 from benchmarks import ROOT
-from benchmarks.common.machine import cpu_name
+from benchmarks.common.machine import cpu_name, load_average
 from benchmarks.common.records import write_record
 
 FIGS = ("pr_auc", "t2i_r1", "i2t_r1", "mean_calibration_error")
@@ -57,7 +57,7 @@ def run_one(
                 code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, check=False).returncode
                 if code:
                     raise SystemExit(f"{name} seed {seed} failed (exit {code}); see {out / 'run.log'}")
-    print(f"{name} seed {seed}: {time.perf_counter() - start:.0f} s, load {os.getloadavg()[0]:.1f}", flush=True)
+    print(f"{name} seed {seed}: {time.perf_counter() - start:.0f} s, load {load_average()[0]:.1f}", flush=True)
     return {"summary": json.loads(eval_json.read_text())["summary"], "curve": curve(model_dir)}
 
 
@@ -103,7 +103,7 @@ def main(argv=None) -> int:
         "command": "python -m benchmarks.quality.recipe_seeds " + " ".join(sys.argv[1:] if argv is None else argv),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": f"{cpu_name()}, {os.cpu_count()} cores",
-        "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
+        "load_average_1_5_15": load_average(),
         "candidates": {"SS": "loss.name=SampledSoftmax", "CE": "", **cands},
         "seeds": args.seeds,
         "runs": {n: {str(s): r for s, r in sorted(v.items())} for n, v in runs.items()},

@@ -25,7 +25,7 @@ import tempfile
 import time
 
 from benchmarks import ROOT
-from benchmarks.common.machine import cpu_name  # noqa: E402  (the CPU model for the record)
+from benchmarks.common.machine import cpu_name, load_average  # noqa: E402  (the CPU model for the record)
 from benchmarks.common.records import write_record  # noqa: E402
 
 
@@ -84,7 +84,7 @@ def main(argv=None) -> int:
     clone = args.keep or tempfile.mkdtemp(prefix="ce_fresh_clone_")
     if args.keep and os.path.exists(clone):
         raise SystemExit(f"--keep {clone}: the folder exists; give a new one")
-    load_before = [round(x, 2) for x in os.getloadavg()]
+    load_before = load_average()
     try:
         doc = run(os.path.join(clone, "repo"), args.out + ".log")
     finally:
@@ -95,7 +95,7 @@ def main(argv=None) -> int:
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         machine={"cpu": cpu_name(), "cores": os.cpu_count(), "platform": platform.platform()},
         load_before=load_before,
-        load_after=[round(x, 2) for x in os.getloadavg()],
+        load_after=load_average(),
     )
     write_record(*os.path.split(args.out), doc, markdown(doc), echo=False)
     os.remove(args.out + ".log")

@@ -61,7 +61,7 @@ from importlib import metadata
 import numpy as np
 
 from benchmarks import ROOT
-from benchmarks.common.machine import machine_info, run_module  # noqa: E402  (CPU model for the record; no TensorFlow)
+from benchmarks.common.machine import load_average, machine_info, run_module  # noqa: E402  (CPU model for the record; no TensorFlow)
 from benchmarks.common.records import write_record  # noqa: E402
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
@@ -505,7 +505,7 @@ def main(argv=None) -> int:
     command = "python -m benchmarks.scale.siglip_openclip " + " ".join(sys.argv[1:] if argv is None else argv)
     cases = plan(args)
     print(f"# estimated {estimate_minutes(cases, args.budget_gib):.1f} min on 2 idle cores", flush=True)
-    started, loads = time.perf_counter(), [os.getloadavg()[0]]
+    started, loads = time.perf_counter(), [load_average()[0]]
     module, version = load_openclip_loss()
     openclip = f"open_clip_torch {version} (its own classes)" if module else f"re-implementation of {FOLLOWS}"
     blocks = sorted(set(args.blocks) | {1}, reverse=True)
@@ -519,9 +519,9 @@ def main(argv=None) -> int:
         if row["estimate_gib"] > args.budget_gib:
             row["status"] = f"not run: needs ~{row['estimate_gib']:.3g} GiB"
         else:
-            loads.append(os.getloadavg()[0])
+            loads.append(load_average()[0])
             result = in_subprocess(case)
-            loads.append(os.getloadavg()[0])
+            loads.append(load_average()[0])
             row |= result if "error" not in result else {"status": result["error"]}
         row["label"] = label(row)
         rows.append(row)

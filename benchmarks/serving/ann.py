@@ -25,6 +25,7 @@ from scann.scann_ops.py import scann_ops_pybind  # noqa: E402,F401  (import befo
 
 import ce_retrieval  # noqa: E402,F401  (legacy Keras before TensorFlow, which ScaNN imports)
 from benchmarks.common.galleries import clustered  # noqa: E402
+from benchmarks.common.machine import load_average  # noqa: E402
 from benchmarks.common.records import write_record  # noqa: E402
 from ce_retrieval.search.ann import IndexParams, build_scann, default_params  # noqa: E402
 from ce_retrieval.search.exact import exact_search  # noqa: E402
@@ -63,7 +64,7 @@ def main():
     ap.add_argument("--out", default=None, help="write all figures as JSON here")
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
-    load_start = [round(v, 2) for v in os.getloadavg()]
+    load_start = load_average()
     rows, info = (
         [],
         {
@@ -245,7 +246,7 @@ def main():
         f"{info['threshold_search']['speedup_vs_brute']:.2f}x brute force.",
     ]
     print("\n".join(report[-3:]))
-    info["load_average_1_5_15"] = {"start": load_start, "end": [round(v, 2) for v in os.getloadavg()]}
+    info["load_average_1_5_15"] = {"start": load_start, "end": load_average()}
     info["date"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     info["command"] = "python -m benchmarks.serving.ann " + " ".join(sys.argv[1:])
     if args.out:

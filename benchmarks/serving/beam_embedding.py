@@ -25,7 +25,7 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from benchmarks.common.machine import run_module  # noqa: E402
+from benchmarks.common.machine import load_average, run_module  # noqa: E402
 
 
 class _WorkerRss:
@@ -146,7 +146,7 @@ def main():
     meta = layout.export_metadata(args.export_dir, layout.IMAGE_ENCODER, args.version)
     data_cfg = ((meta.get("metadata") or {}).get("config") or {}).get("data") or {}
     image_size = int(data_cfg.get("image_size", 64))
-    load_before = os.getloadavg()
+    load_before = load_average()
     started = time.perf_counter()
     split = generate_split("test", args.num_images, captions_per_image=1, image_size=image_size, seed=123)
     generated = time.perf_counter() - started
@@ -163,7 +163,7 @@ def main():
         for w in ([] if args.no_direct else [0]) + workers:
             rows.append(_run_child(passthrough, w, images, tmp))
             print(f"workers={w}: {rows[-1]}", file=sys.stderr, flush=True)
-    load_after = os.getloadavg()
+    load_after = load_average()
 
     print("\n### Beam gallery embedding (DirectRunner)\n")
     print(f"command: `python -m benchmarks.serving.beam_embedding {shlex.join(sys.argv[1:])}`  ")

@@ -39,7 +39,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 
 from benchmarks.common.galleries import clustered  # noqa: E402
-from benchmarks.common.machine import run_module  # noqa: E402
+from benchmarks.common.machine import load_average, run_module  # noqa: E402
 
 DIM, CLUSTERS, NOISE, CHUNK = 128, 2000, 1.0, 500_000
 EXACT_CHUNK = 100_000  # rows per exact-search block: a [queries, EXACT_CHUNK] float32 score block
@@ -324,7 +324,7 @@ def main() -> None:
         result = PARTS[args.part](args)
         print("RESULT " + json.dumps(result), flush=True)
         return
-    results, load = {}, [os.getloadavg()]
+    results, load = {}, [load_average()]
     for part in args.parts.split(","):
         argv = [f"--{k}={v}" for k, v in vars(args).items() if k not in ("parts", "part")]
         t = time.perf_counter()
@@ -334,7 +334,7 @@ def main() -> None:
         line = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")][-1]
         results[part] = json.loads(line[len("RESULT ") :])
         results[part]["wall_s"] = time.perf_counter() - t
-        load.append(os.getloadavg())
+        load.append(load_average())
         print(f"{part}: {results[part]}", file=sys.stderr, flush=True)
     print(json.dumps({"args": vars(args), "load": load, "cpus": os.cpu_count(), "results": results}, indent=1))
 

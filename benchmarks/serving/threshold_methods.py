@@ -43,7 +43,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 
 from benchmarks import RESULTS  # noqa: E402
-from benchmarks.common.machine import host  # noqa: E402
+from benchmarks.common.machine import host, load_average  # noqa: E402
 from benchmarks.common.records import write_json  # noqa: E402
 from benchmarks.serving.threshold_search import MODEL, QUERY_STREAM, SEED, hard_gallery, numpy_scan  # noqa: E402
 from ce_retrieval.build.index import evaluation_queries, write_index_folder  # noqa: E402
@@ -232,7 +232,7 @@ def main() -> None:
     ap.add_argument("--workdir", default=tempfile.gettempdir())
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args()
-    load = [os.getloadavg()]
+    load = [load_average()]
     x = hard_gallery(args.n)
     if args.query_set == "other_clusters":
         queries = hard_gallery(args.queries, seed=SEED + 1)
@@ -311,7 +311,7 @@ def main() -> None:
             grid.append(row | {"speed_vs_tuned": float(np.median(el_base) / np.median(el))})
             print(grid[-1], flush=True)
         index.threshold_params = base
-    load.append(os.getloadavg())
+    load.append(load_average())
     qps = {m: len(queries) / float(np.median(v)) for m, v in times.items()}
     recall = {m: set_recall([np.sort(r) for r in found[m]], truth) for m in methods if m != "top10"}
     _, scored = probe_search(shapes, queries, xs, tau, beta)

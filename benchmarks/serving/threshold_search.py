@@ -72,7 +72,7 @@ import numpy as np  # noqa: E402
 
 from benchmarks import RESULTS  # noqa: E402
 from benchmarks.common.galleries import cluster_labels, clustered  # noqa: E402
-from benchmarks.common.machine import host  # noqa: E402
+from benchmarks.common.machine import host, load_average  # noqa: E402
 from benchmarks.common.records import write_json, write_record  # noqa: E402
 from ce_retrieval.build.index import BuildConfig, write_index_folder  # noqa: E402
 from ce_retrieval.search.gallery import GalleryIndex  # noqa: E402  (imports ScaNN before BLAS work)
@@ -329,14 +329,14 @@ def run(
     sets on each. ``save(record)`` is called after each build's timing step with the record so far
     (``"complete": false``), so an interrupted run leaves what it measured."""
     save = save or (lambda record: None)
-    load = {"start": _loadavg()}
+    load = {"start": load_average()}
     work = os.path.join(workdir, f"threshold_search_{n}")
     before = built_state(work, n) if keep else None
     reused = set((before or {}).get("builds", {}))
     if not keep:
         shutil.rmtree(work, ignore_errors=True)
     state = build(n, work, builds)
-    load["after_builds"] = _loadavg()
+    load["after_builds"] = load_average()
     record = {
         "benchmark": "threshold_search",
         "complete": False,
@@ -363,16 +363,12 @@ def run(
                 save(record)
 
             step(time_query_set(index, xs, queries, tau, repeats, step))
-        load[f"after_{name}"] = _loadavg()
+        load[f"after_{name}"] = load_average()
         del index, xs
     if not keep:
         shutil.rmtree(work)  # the memory maps stay valid after the files are unlinked (POSIX)
-    load["end"] = _loadavg()
+    load["end"] = load_average()
     return record | {"complete": True}
-
-
-def _loadavg() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 def markdown(r: dict, command: str) -> str:

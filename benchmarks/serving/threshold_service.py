@@ -53,7 +53,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import numpy as np  # noqa: E402
 
 from benchmarks import RESULTS  # noqa: E402
-from benchmarks.common.machine import LoadSampler, host  # noqa: E402
+from benchmarks.common.machine import LoadSampler, host, load_average  # noqa: E402
 from benchmarks.common.records import write_record  # noqa: E402
 from benchmarks.serving import reliability  # noqa: E402  (server_process, load)
 from ce_retrieval.search import layout  # noqa: E402
@@ -310,7 +310,7 @@ def run(args, command: str) -> dict:
     finally:
         sampler.stop.set()
         shutil.rmtree(scratch, ignore_errors=True)
-    samples.append(os.getloadavg()[0])
+    samples.append(load_average()[0])
     failed = sum(g["failed"] for g in galleries)
     return {
         "benchmark": "threshold_service",
