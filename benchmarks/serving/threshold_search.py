@@ -12,7 +12,7 @@ writes into an export's version folder; here without an export, under a stand-in
   own clusters, another sample stream of the generator) and a stand-in calibrated threshold for precision 0.9
   (tau at which the median validation query has 100 hits);
 * ``defaults``: ``build_index(x, ids, export_dir, version)`` with its defaults: no validation queries, no
-  thresholds (the threshold search is then tuned on gallery items, ``index.gallery_tuning_queries``);
+  thresholds (the threshold search is then tuned on gallery items, ``build.tuning.gallery_tuning_queries``);
 * ``no_partitions`` (only when asked for): the defaults with ``threshold_partitions=False``, the faster build
   without the threshold partitions (no leaf expansion, probe or familiarity check), for the trade-off.
 

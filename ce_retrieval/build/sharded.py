@@ -37,6 +37,7 @@ import time
 
 import numpy as np
 
+from ce_retrieval.build.tuning import recall_at_10
 from ce_retrieval.build.index import (
     SCORE,
     BuildConfig,
@@ -44,7 +45,6 @@ from ce_retrieval.build.index import (
     evaluation_queries,
     model_block,
     normalize_thresholds,
-    recall_at_10,
     resolve_version,
     thresholds_block,
     write_index_folder,

@@ -34,8 +34,9 @@ import os
 import numpy as np
 
 from ce_retrieval.build.derived_version import derive_version
-from ce_retrieval.build.index import TARGET_SET_RECALL, model_block, tune_threshold_search
+from ce_retrieval.build.index import model_block
 from ce_retrieval.build.sharded import threshold_search_summary
+from ce_retrieval.build.tuning import TARGET_SET_RECALL, tune_threshold_search
 from ce_retrieval.data.relevance_labels import RelevanceLabels, positives_in_gallery, query_units
 from ce_retrieval.evaluation.guarantee import DEFAULT_DELTA
 from ce_retrieval.evaluation.split_calibration import DEFAULT_LEVELS, Calibration, calibrate_split
