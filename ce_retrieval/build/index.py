@@ -39,9 +39,16 @@ import time
 
 import numpy as np
 
+from ce_retrieval.build.tuning import (
+    TARGET_SET_RECALL,
+    gallery_tuning_queries,
+    held_out_like,
+    tune_leaves,
+    tune_threshold_search,
+)
+from ce_retrieval.search import layout
 from ce_retrieval.search.ann import IndexParams, build_scann, default_params
 from ce_retrieval.search.exact import exact_search
-from ce_retrieval.search import layout
 from ce_retrieval.search.gallery import (
     EMBEDDINGS_FILE,
     IDS_FILE,
@@ -52,27 +59,7 @@ from ce_retrieval.search.gallery import (
     embeddings_digest,
     ids_digest,
 )
-from ce_retrieval.search.partitions import BallPartitions, build_partitions, leaf_of_rows
-from ce_retrieval.search.threshold import (
-    APPROXIMATE,
-    FAMILIAR_QUANTILE,
-    PROBE_LEAVES,
-    SET_RECALL_CONFIDENCE,
-    SPREAD_PRIOR,
-    default_threshold_params,
-    exact_sets,
-    set_recall,
-    tau_for_median_hits,
-    tune_threshold_params,
-)
-from ce_retrieval.build.tuning import (
-    TARGET_SET_RECALL,
-    gallery_tuning_queries,
-    held_out_like,
-    recall_at_10,
-    tune_leaves,
-    tune_threshold_search,
-)
+from ce_retrieval.search.partitions import build_partitions
 from ce_retrieval.utils.atomic import atomic_directory
 
 BRUTE_FORCE_BELOW = 20_000

@@ -63,11 +63,11 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 from apache_beam.runners.runner import PipelineState
 from apache_beam.utils.shared import Shared
 
+from ce_retrieval.build.gallery_source import CorruptImageError, GallerySource, resolve_source
 from ce_retrieval.data.report import image_problem
 from ce_retrieval.data.schema import IMAGE, IMAGE_ID
 from ce_retrieval.search import layout
 from ce_retrieval.search.assignment import shard_of as shard_of_array
-from ce_retrieval.build.gallery_source import CorruptImageError, GallerySource, resolve_source
 from ce_retrieval.utils import atomic
 
 __all__ = [

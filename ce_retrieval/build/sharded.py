@@ -37,7 +37,6 @@ import time
 
 import numpy as np
 
-from ce_retrieval.build.tuning import recall_at_10
 from ce_retrieval.build.index import (
     SCORE,
     BuildConfig,
@@ -49,6 +48,7 @@ from ce_retrieval.build.index import (
     thresholds_block,
     write_index_folder,
 )
+from ce_retrieval.build.tuning import recall_at_10
 from ce_retrieval.search import layout
 from ce_retrieval.search.assignment import SHARD_ASSIGNMENT, shard_name, shard_of
 from ce_retrieval.search.exact import exact_search

@@ -54,7 +54,9 @@ def held_out_like(x: np.ndarray, rng: np.random.Generator, num: int = 1000) -> n
     return (q / np.linalg.norm(q, axis=1, keepdims=True)).astype(np.float32)
 
 
-def tune_leaves(searcher, queries: np.ndarray, exact_rows: np.ndarray, p: IndexParams, target: float):
+def tune_leaves(
+    searcher, queries: np.ndarray, exact_rows: np.ndarray, p: IndexParams, target: float
+) -> tuple[int, int, float, list[dict]]:
     """Cheapest (leaves_to_search, reorder) on a grid reaching ``target`` recall@10: leaves grow geometrically
     and, at each, the re-ranking depth is tried at 1x and 4x (hard, diffuse data needs deeper re-ranking
     rather than more leaves). Returns (leaves, reorder, recall, table)."""

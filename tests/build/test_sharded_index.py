@@ -19,12 +19,12 @@ from export_fixtures import THRESHOLDS, captions, clustered_unit_vectors
 from ce_retrieval.build import sharded as sharded_module
 from ce_retrieval.build.index import BuildConfig
 from ce_retrieval.build.sharded import ShardBuildError, build_sharded_index
-from ce_retrieval.search.assignment import shard_name, shard_of, splitmix64
-from ce_retrieval.search.sharded import ShardedIndex, load_index
 from ce_retrieval.search import layout
+from ce_retrieval.search.assignment import shard_name, shard_of, splitmix64
 from ce_retrieval.search.exact import exact_search
 from ce_retrieval.search.gallery import GalleryIndex, IndexMismatchError, embeddings_digest, ids_digest
 from ce_retrieval.search.merge import PAD_ID, merge_threshold, merge_topk
+from ce_retrieval.search.sharded import ShardedIndex, load_index
 
 VECTORS = clustered_unit_vectors(6200, 16, seed=3)
 X, QUERIES = VECTORS[:6000], VECTORS[6000:]
@@ -401,7 +401,8 @@ KILLED_BUILD = textwrap.dedent(
     rng = np.random.default_rng(0)
     x = rng.normal(size=(40000, 16)).astype(np.float32)
     x /= np.linalg.norm(x, axis=1, keepdims=True)
-    build_sharded_index(x, np.arange(40000), sys.argv[1], 7, num_shards=4, workers=1, config=BuildConfig(brute_force_below=500))
+    config = BuildConfig(brute_force_below=500)
+    build_sharded_index(x, np.arange(40000), sys.argv[1], 7, num_shards=4, workers=1, config=config)
     """
 )
 
