@@ -39,7 +39,7 @@ import numpy as np  # noqa: E402
 from scipy.optimize import nnls  # noqa: E402
 
 from benchmarks import RESULTS  # noqa: E402
-from benchmarks.common.machine import host  # noqa: E402
+from benchmarks.common.machine import host, load_average  # noqa: E402
 from benchmarks.common.records import write_record  # noqa: E402
 from benchmarks.serving import threshold_search as ts  # noqa: E402
 from ce_retrieval.search import threshold as model  # noqa: E402
@@ -168,7 +168,7 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args(argv)
     command = "python -m benchmarks.serving.threshold_cost_model " + " ".join(sys.argv[1:] if argv is None else argv)
-    load = [ts._loadavg()]
+    load = [load_average()]
     work = os.path.join(args.workdir, f"threshold_search_{args.n}")
     state = ts.built_state(work, args.n) or ts.build(args.n, work)
     index = GalleryIndex.load(os.path.join(work, "index"), expected_model=ts.MODEL, mmap=True)
@@ -177,7 +177,7 @@ def main(argv=None) -> None:
         measure(index, queries, state["tau"], args.batch, args.repeats),
         measure(index, queries[: args.single_queries], state["tau"], 1, args.repeats),
     ]
-    load.append(ts._loadavg())
+    load.append(load_average())
     record = {
         "benchmark": "threshold_cost_model",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

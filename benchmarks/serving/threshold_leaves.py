@@ -31,7 +31,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 
 from benchmarks import RESULTS  # noqa: E402
-from benchmarks.common.machine import host  # noqa: E402
+from benchmarks.common.machine import host, load_average  # noqa: E402
 from benchmarks.common.records import write_record  # noqa: E402
 from benchmarks.serving import threshold_search as ts  # noqa: E402
 from ce_retrieval.search.gallery import GalleryIndex  # noqa: E402  (imports ScaNN before BLAS work)
@@ -91,7 +91,7 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args(argv)
     command = "python -m benchmarks.serving.threshold_leaves " + " ".join(sys.argv[1:] if argv is None else argv)
-    load = [ts._loadavg()]
+    load = [load_average()]
     work = os.path.join(args.workdir, f"threshold_search_{args.n}")
     state = ts.build(args.n, work, ("validation",))  # reuses a kept validation build
     index = GalleryIndex.load(os.path.join(work, "index"), expected_model=ts.MODEL, mmap=True)
@@ -126,7 +126,7 @@ def main(argv=None) -> None:
             qs["own_cluster_share"] = own / sum(len(t) for t in truth)
         qs["partitions"] = {v: leaf_stats(leaf, truth, found) for v, leaf in variants.items()}
         record["query_sets"][name] = qs
-    load.append(ts._loadavg())
+    load.append(load_average())
     record["load_average_1_5_15"] = {"start": load[0], "end": load[1]}
     write_record(args.out, "threshold_leaves", record | {"command": command}, markdown(record, command))
 
