@@ -4,16 +4,13 @@ MirroredStrategy on R logical CPUs vs one device, in one process per R. Usage:
 
 ``objective``: for every registered loss, the replicated dense path: Σ_r (share_r) = L and the replicas' embedding
 gradients (through all_gather) = the one-device gradients of L. For the softmax family also tiled, sharded and
-sharded + tiled (T = 3, bidirectional and learned λ included), and for SigLIP the same paths with learned t and b,
-in a graph. Each check is traced once per replica and dominates the run time, so the harness's two processes
-(R = 2 and R = 4) split them (:func:`checked_here`, :func:`dense_here`; ``all``: this process checks every one):
-the dense path of every registered loss at R = 2, and of ``DENSE_AT_FOUR`` also at R = 4 (the replication code is
-the objective's, shared by every loss; an R = 4 trace costs twice an R = 2 one); the family's tiled and sharded
-paths by the parity of loss + path position (``FAMILY_PATHS``: each R checks each path for four of the eight
-losses), CrossExampleNegativeMining's
-sharded + tiled path (partition function and mining histograms combined across replicas and tiles) at both;
-SigLIP's tiled path at R = 2, its sharded path at R = 4 and its sharded + tiled path at both. The union over both
-processes is every registered loss's dense path and every family and SigLIP path (the test asserts it).
+sharded + tiled (T = 3, bidirectional and learned λ included), and for SigLIP the same paths with learned t and b.
+R = 2 checks every loss and path (``all``: any R does); R = 4 the subset ``AT_FOUR`` (a cross-example loss with
+mining, a pair loss, a proxy loss on the dense path; the sharded + tiled paths that combine the partition function,
+the mining histograms and SigLIP's b across replicas and tiles).
+The checks run eagerly (MirroredStrategy runs each replica in a thread; the same replica-context code and collectives
+as in a graph, without a trace per check, which made the harness 2.5x slower); ``GRAPH_TOO`` are also checked
+inside a ``tf.function``, as training runs them.
 ``sharded``: the sharded softmax-family loss (``ce_retrieval.losses.kernels.sharded``) on 16 rows for the four losses,
 mining by fraction and by top_k, at every R: Σ shares = L and dL/dS (scores with many ties); for top_k mining (the
 objective's paths above mine by the default fraction) also dL/dX through all_gather and Σ_r dL/dW of shared weights.
@@ -31,7 +28,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 REPLICAS = int(sys.argv[2]) if len(sys.argv) > 2 else 2
 MODEL_STEP = "model" in sys.argv[3:]
 CHUNK = "chunk" in sys.argv[3:]
-EVERY_CHECK = "all" in sys.argv[3:] or REPLICAS not in (2, 4)  # the split below is between R = 2 and R = 4
+EVERY_CHECK = "all" in sys.argv[3:] or REPLICAS != 4  # R = 4 checks the subset AT_FOUR
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -80,7 +77,7 @@ def one_device(objective, scale):
     return float(value), [np.zeros_like(TEXT) if g is None else g.numpy() for g in grads]
 
 
-def replicas(strategy, make):
+def replicas(strategy, make, graph=False):
     with strategy.scope():
         objective, scale = make()
     split = ROWS // REPLICAS
@@ -92,7 +89,6 @@ def replicas(strategy, make):
             )
         )
 
-    @tf.function(autograph=False)  # no tensor-dependent Python control flow: conversion only costs trace time
     def step(text, image, ids):
         def fn(t, v, i):
             with tf.GradientTape() as tape:
@@ -103,6 +99,8 @@ def replicas(strategy, make):
 
         return strategy.run(fn, args=(text, image, ids))
 
+    if graph:  # no tensor-dependent Python control flow: conversion would only cost trace time
+        step = tf.function(step, autograph=False)
     shares, grads = step(rows(TEXT), rows(IMAGE), rows(IDS))
     local = lambda x: [t.numpy() for t in strategy.experimental_local_results(x)]  # noqa: E731
     total = float(np.sum(local(shares)))
@@ -111,58 +109,56 @@ def replicas(strategy, make):
     return total, out
 
 
-def compare(strategy, make):
+def compare(strategy, make, key):
+    """{value, grads}: the replicas (eagerly) against one device; for ``GRAPH_TOO`` also {graph_value, graph_grads}."""
     objective, scale = make()
     want, want_grads = one_device(objective, scale)
-    got, got_grads = replicas(strategy, make)
-    return {"value": rel(got, want), "grads": max(rel(g, w) for g, w in zip(got_grads, want_grads, strict=True))}
+    out = {}
+    for prefix, graph in (("", False), ("graph_", True)) if key in GRAPH_TOO else (("", False),):
+        got, got_grads = replicas(strategy, make, graph)
+        out[f"{prefix}value"] = rel(got, want)
+        out[f"{prefix}grads"] = max(rel(g, w) for g, w in zip(got_grads, want_grads, strict=True))
+    return out
 
 
-# the dense path at R = 4 as well: a cross-example loss with mining (global histograms), a pair loss and a proxy
-# loss (class-proxy weights summed over replicas)
-DENSE_AT_FOUR = ("CrossExampleNegativeMining", "MultiSimilarityLoss", "ProxyNCALoss")
-
-
-def dense_here(name: str) -> bool:
-    """Whether this process checks ``name``'s dense path: every loss at R = 2, ``DENSE_AT_FOUR`` at R = 4."""
-    return EVERY_CHECK or REPLICAS == 2 or name in DENSE_AT_FOUR
-
-
-def checked_here(position: int) -> bool:
-    """Whether this process checks the family path at ``position`` (loss + path position, module docstring): R = 2
-    the odd positions, R = 4 the even ones."""
-    return EVERY_CHECK or position % 2 == (REPLICAS == 2)
-
-
-# the family's paths (partition, tile, bidirectional, learned λ), split by the parity of (loss + path) position:
-# R = 2 checks the tiled path of AngularSoftmax, CrossExampleNegativeMining, LargeMarginSoftmax and
-# StochasticNegativeMining, the sharded path of the other four (R = 4 the other way round; the sharded kernel with
-# mining by fraction and by top_k runs at every R: check_sharded), and sharded + tiled for the odd four
-# (AngularSoftmax, CrossExampleNegativeMining, LargeMarginSoftmax, StochasticNegativeMining; R = 4 the even four,
-# CrossExampleSoftmax among them)
 FAMILY_PATHS = [("replicated", 3, False, False), ("sharded", 0, True, True), ("sharded", 3, True, True)]
-# checked at both R: the sharded + tiled path that combines the cross-example partition function and the mining
-# histograms across replicas and tiles
-BOTH = {"CrossExampleNegativeMining/sharded/tile3"}
-# SigLIP's paths with learned t and b, and the processes that check them: sharded + tiled at both
-SIGLIP_PATHS = [("replicated", 3, (2,)), ("sharded", 0, (4,)), ("sharded", 3, (2, 4))]
+SIGLIP_PATHS = [("replicated", 3), ("sharded", 0), ("sharded", 3)]
+# checked at R = 4 too: a cross-example loss with mining (global histograms), a pair loss and a proxy loss (class-proxy
+# weights summed over replicas) on the dense path; the sharded + tiled paths that combine the cross-example partition
+# function, the mining histograms and SigLIP's learned b across replicas and tiles
+AT_FOUR = {
+    "CrossExampleNegativeMining/replicated",
+    "MultiSimilarityLoss/replicated",
+    "ProxyNCALoss/replicated",
+    "CrossExampleSoftmax/sharded/tile3/bi1/learn1",
+    "CrossExampleNegativeMining/sharded/tile3/bi1/learn1",
+    "SigmoidLoss/sharded/tile3/learn1",
+}
+# also checked inside a tf.function (as training runs them)
+GRAPH_TOO = {"CrossExampleNegativeMining/sharded/tile3/bi1/learn1", "SigmoidLoss/sharded/tile3/learn1"}
+
+
+def here(key: str) -> bool:
+    """Whether this process checks ``key`` (module docstring): every key at R = 2, ``AT_FOUR`` at R = 4."""
+    return EVERY_CHECK or key in AT_FOUR
 
 
 def check_objective(strategy):
-    """The objective's paths (module docstring): {name/path: {value, grads}}."""
+    """The objective's paths (module docstring): {name/path: {value, grads[, graph_value, graph_grads]}}."""
     results = {}
     for name in losses.available():
-        if not dense_here(name):
+        key = f"{name}/replicated"
+        if not here(key):
             continue
         bias = -10.0 if losses.lookup(name).has_logit_bias else None  # SigLIP: b is the objective's, like λ
         loss = build_loss(LossConfig(name=name), ModelConfig(logit_bias=bias))
-        results[f"{name}/replicated"] = compare(
-            strategy, lambda loss=loss, bias=bias: (RetrievalObjective(loss, logit_bias=bias), LogitScale())
+        results[key] = compare(
+            strategy, lambda loss=loss, bias=bias: (RetrievalObjective(loss, logit_bias=bias), LogitScale()), key
         )
-    family = family_with_every_path()  # MixedSoftmax is dense only, covered above
-    for position, name in enumerate(family):
-        for path, (partition, tile, bidirectional, learn) in enumerate(FAMILY_PATHS):
-            if not (f"{name}/{partition}/tile{tile}" in BOTH or checked_here(position + path)):
+    for name in family_with_every_path():  # MixedSoftmax is dense only, covered above
+        for partition, tile, bidirectional, learn in FAMILY_PATHS:
+            key = f"{name}/{partition}/tile{tile}/bi{int(bidirectional)}/learn{int(learn)}"
+            if not here(key):
                 continue
             kwargs = {"bidirectional": bidirectional}
             loss = build_loss(LossConfig(name=name, kwargs=kwargs), ModelConfig(learn_logit_scale=learn))
@@ -171,11 +167,12 @@ def check_objective(strategy):
                 scale = LogitScale(20.0, learn=learn)
                 return RetrievalObjective(loss, scale, partition=partition, tile_size=tile), scale
 
-            results[f"{name}/{partition}/tile{tile}/bi{int(bidirectional)}/learn{int(learn)}"] = compare(strategy, make)
+            results[key] = compare(strategy, make, key)
     learned = ModelConfig(logit_scale=10.0, learn_logit_scale=True, logit_bias=-10.0, learn_logit_bias=True)
     siglip = build_loss(LossConfig(name="SigmoidLoss"), learned)
-    for partition, tile, counts in SIGLIP_PATHS:
-        if not (EVERY_CHECK or REPLICAS in counts):
+    for partition, tile in SIGLIP_PATHS:
+        key = f"SigmoidLoss/{partition}/tile{tile}/learn1"
+        if not here(key):
             continue
 
         def make(partition=partition, tile=tile):
@@ -183,7 +180,7 @@ def check_objective(strategy):
             objective = RetrievalObjective(siglip, scale, partition=partition, tile_size=tile, logit_bias=bias)
             return objective, objective  # its trainable_variables: t' and b
 
-        results[f"SigmoidLoss/{partition}/tile{tile}/learn1"] = compare(strategy, make)
+        results[key] = compare(strategy, make, key)
     return results
 
 
@@ -228,7 +225,6 @@ def check_scores(strategy, case):
         dense = softmax_loss(relevance, s, SHARDED_SCALE, cross, fraction, top_k)
     dense_grad = tape.gradient(dense, s).numpy()
 
-    @tf.function(autograph=False)
     def step(s_local, ids_local):
         def fn(s_r, ids_r):
             with tf.GradientTape() as tape:
@@ -273,7 +269,6 @@ def check_embeddings(strategy, case):
     with strategy.scope():
         mw_t, mw_v = tf.Variable(w_t0), tf.Variable(w_v0)
 
-    @tf.function(autograph=False)
     def step(xt_local, xv_local, ids_local):
         def fn(xt_r, xv_r, ids_r):
             with tf.GradientTape() as tape:
@@ -375,8 +370,8 @@ def main(workdir):
     seed_everything(0, deterministic=False)  # the same initial weights in every run (after the logical devices)
     strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(REPLICAS)])
     assert strategy.num_replicas_in_sync == REPLICAS
-    # each check's graph runs once: Grappler's rewrites (value-preserving) cost more than they save (about 13% of the
-    # R = 4 run); the model step below runs with them, as training does
+    # GRAPH_TOO's graphs run once: Grappler's rewrites (value-preserving) cost more than they save; the model step
+    # below runs with them, as training does
     tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
     result = {"replicas": REPLICAS, "results": check_objective(strategy), "losses": check_sharded(strategy)}
     tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": False})

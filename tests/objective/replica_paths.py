@@ -1,5 +1,5 @@
 """What the multi-replica harness checks, shared by objective_replicas.py (the subprocess) and
-test_objective_replicas.py (which asserts that its two processes together cover it). Imports no strategy: the
+test_objective_replicas.py (which asserts that R = 2 covers it). Imports no strategy: the
 subprocess must configure its logical devices before TensorFlow runs any op."""
 
 from ce_retrieval import losses
