@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     import tensorflow_text as tf_text
 
 from ce_retrieval.utils.atomic import atomic_write_text
+from ce_retrieval.utils.autograph_rules import leave_graph_ready_libraries_unconverted
 
 RESERVED_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 REQUIRED_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]")  # looked up by name by the tokenizer and the BERT packer
@@ -28,6 +29,7 @@ def build_vocab(corpus: Iterable[str] | tf.data.Dataset, vocab_size: int = 8000,
     """Learn a WordPiece vocabulary of at most ``vocab_size`` tokens (specials included) from ``corpus``."""
     from tensorflow_text.tools.wordpiece_vocab.bert_vocab_from_dataset import bert_vocab_from_dataset
 
+    leave_graph_ready_libraries_unconverted()
     if vocab_size <= len(RESERVED_TOKENS):
         raise ValueError(f"vocab_size must exceed the {len(RESERVED_TOKENS)} special tokens, got {vocab_size}")
     if isinstance(corpus, tf.data.Dataset):
@@ -89,5 +91,7 @@ def read_vocab(path: str) -> list[str]:
 def tokenizer(vocab_path: str) -> tf_text.BertTokenizer:
     """The matching ``tensorflow_text.BertTokenizer`` (lower_case=True, [UNK] for out-of-vocab words)."""
     import tensorflow_text as tf_text
+
+    leave_graph_ready_libraries_unconverted()
 
     return tf_text.BertTokenizer(vocab_path, token_out_type=tf.int64, unknown_token="[UNK]", **TOKENIZER_PARAMS)

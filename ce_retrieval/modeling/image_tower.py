@@ -23,6 +23,7 @@ import tf_keras
 from ce_retrieval.modeling.config import ImageTowerConfig
 from ce_retrieval.modeling.layers import as_string_batch
 from ce_retrieval.modeling.text_tower import Tower
+from ce_retrieval.utils.autograph_rules import leave_graph_ready_libraries_unconverted
 
 # Leading bytes of the formats tf.io.decode_image reads (WebP: "RIFF" .... "WEBP", checked on bytes 0-3).
 _MAGIC_PREFIXES = {
@@ -174,6 +175,7 @@ def _all_layers(model):
 
 def build_image_tower(cfg: ImageTowerConfig, embedding_dim: int) -> Tower:
     """Builds the image :class:`Tower` (preprocessor, core, encoder) for ``cfg``."""
+    leave_graph_ready_libraries_unconverted()
     preprocessor = ImageDecoder(cfg.image_size, cfg.resize, name="image_decoder")
     backbone = build_backbone(cfg)
     backbone.trainable = cfg.trainable

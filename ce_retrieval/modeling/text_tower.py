@@ -25,6 +25,7 @@ from official.nlp.modeling import networks
 from ce_retrieval.data.vocab import read_vocab
 from ce_retrieval.modeling.config import TextTowerConfig
 from ce_retrieval.modeling.layers import L2Normalize, as_string_batch
+from ce_retrieval.utils.autograph_rules import leave_graph_ready_libraries_unconverted
 
 SPECIAL_TOKENS = {"start_of_sequence_id": "[CLS]", "end_of_segment_id": "[SEP]", "padding_id": "[PAD]"}
 BERT_INPUT_KEYS = ("input_word_ids", "input_mask", "input_type_ids")
@@ -192,6 +193,7 @@ def default_hub_vocab(handle: str) -> str | None:
 
 def build_text_tower(cfg: TextTowerConfig, embedding_dim: int, vocab_path: str | None) -> Tower:
     """Builds the text :class:`Tower` (preprocessor, core, encoder) for ``cfg``."""
+    leave_graph_ready_libraries_unconverted()
     if vocab_path is None and cfg.kind == "hub":
         vocab_path = default_hub_vocab(cfg.hub_handle)
     if vocab_path is None:
