@@ -37,10 +37,31 @@ def _experiment(loss_name: str, **loss_kwargs) -> ExperimentConfig:
     return cfg
 
 
+@pytest.fixture(scope="module")
+def built_model(task_vocab_file):
+    """The task's uncompiled model for a model config, built once per config and handed back with its initial
+    weights: building the towers costs three times the step, and the model does not depend on the loss (which
+    ``build_compiled_model`` builds and compiles for each test, as ``ce-retrieval train`` does)."""
+    cache = {}
+
+    def get(task):
+        key = repr(task.config.model)
+        if key not in cache:
+            model = RetrievalTask.build_model(task, task_vocab_file)  # the method (the test replaces the attribute)
+            cache[key] = (model, [(v, v.numpy()) for v in model.weights])
+        model, initial = cache[key]
+        for variable, value in initial:
+            variable.assign(value)
+        return model
+
+    return get
+
+
 @pytest.mark.parametrize("name", losses.available())
-def test_every_registered_loss_trains_the_two_tower_model(name, task_vocab_file):
+def test_every_registered_loss_trains_the_two_tower_model(name, task_vocab_file, built_model):
     cfg = _experiment(name)
     task = RetrievalTask(cfg)
+    task.build_model = lambda vocab_path: built_model(task)  # the towers for this model config, as first built
     model = task.build_compiled_model(task_vocab_file, total_steps=10)
     model.run_eagerly = True  # one step: tracing the towers would cost more than the step (graph/XLA: test_contract)
     loss = model.retrieval_loss
