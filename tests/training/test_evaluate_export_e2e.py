@@ -1,31 +1,29 @@
-"""``ce-retrieval evaluate`` and ``ce-retrieval export`` end to end, each in a fresh process, on a model directory
-the suite trains with ``ce-retrieval train`` (no monkeypatched loaders): the evaluation report agrees with figures
-computed here from the same towers, and the exported SavedModels reproduce the Keras towers."""
+"""``ce-retrieval train``, ``evaluate``, ``export`` and ``index`` end to end through the command's entry point
+(``ce_retrieval.cli.main``, in this process: the commands in fresh processes are test_train_e2e.py's and
+test_demo_e2e.py's; loading an export in a fresh process is tests/build/test_serving_export.py's), on a model directory
+the command trains (no monkeypatched loaders): the evaluation report agrees with figures computed here from the same
+towers, and the exported SavedModels reproduce the Keras towers."""
 
+import contextlib
+import io
 import json
-import os
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 from sklearn.metrics import average_precision_score
 from tiny import TINY_OVERRIDE
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+def _cli(*args):
+    """``ce-retrieval ARGS`` through the command's entry point; what it printed."""
+    from ce_retrieval.cli import main
 
-def _cli(*args, timeout=600):
-    done = subprocess.run(
-        [sys.executable, "-m", "ce_retrieval.cli", *map(str, args)],
-        env={**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "3"},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return done.stdout
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = main([str(a) for a in args])
+    assert code == 0, printed.getvalue()[-3000:]
+    return printed.getvalue()
 
 
 @pytest.fixture(scope="module")
