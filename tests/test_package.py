@@ -113,6 +113,7 @@ print(json.dumps({"replicas": strategy.num_replicas_in_sync, "whole": whole,
 """
 
 
+@pytest.mark.slow
 def test_losses_leave_replica_scaling_to_the_step_and_to_keras():
     """Under a 2-replica strategy a loss returns the objective of the matrix it is given (reduction='sum': L on
     every replica, gradients summing to 2 dL/dS: the caller scales); inside ``model.compile`` Keras divides it by

@@ -54,6 +54,7 @@ def promises_kept(draws: int, served: int, key: str, seed: int = 0) -> tuple[flo
     return kept / draws, given / (draws * len(LEVELS))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("served", [200, 2000])
 def test_promises_hold_with_the_stated_confidence(served):
     kept, given = promises_kept(1000, served, "guaranteed")

@@ -225,6 +225,7 @@ def uneven_batch(seed=12):
     return (e @ e.T).astype(np.float32), r
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "make, reference",
     [
@@ -258,6 +259,7 @@ def test_positive_slots_and_general_path_agree(make, reference):
     np.testing.assert_allclose(xla[1].numpy(), runs[0][1], rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_positive_slots_runs_the_smallest_bucket_and_carries_the_gradient():
     """The batch's largest positive count picks the branch: one positive per row runs one slot, five run the
     6-slot bucket, more than the bound runs the general path (counted by a variable that only the executed
@@ -318,6 +320,7 @@ def test_positive_slots_keep_second_derivatives(make):
     np.testing.assert_allclose(slots, general, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["graph", "xla"])
 def test_over_positive_slots_second_derivatives_in_graph_and_xla(mode):
     """The same in a graph and under XLA, on sum_{positive pairs} S^3 (Hessian 6 S on the positives), with a

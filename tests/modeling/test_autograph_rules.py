@@ -6,6 +6,7 @@ and one training step (the step itself is checked against references elsewhere).
 import dataclasses
 
 import numpy as np
+import pytest
 import tensorflow as tf
 import tf_keras
 from modeling_fixtures import make_batch, make_images, tiny_config
@@ -41,6 +42,7 @@ def test_rules_are_added_once_and_leave_our_code_converted(vocab_file):
     assert not conversion.is_allowlisted(ImageAugmentation.call)  # ours: still converted
 
 
+@pytest.mark.slow
 def test_every_augmentation_stage_and_the_tokenizer_trace_with_autograph_on(vocab_file):
     cfg = tiny_config(augment=True)
     cfg.image.augmentation = dataclasses.replace(

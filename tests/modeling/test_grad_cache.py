@@ -74,6 +74,7 @@ def _max_diff(a, b):
     return max(float(np.abs(x - y).max()) for x, y in zip(_dense(a), _dense(b), strict=True))
 
 
+@pytest.mark.slow
 def test_cached_step_equals_the_full_step(vocab_file):
     """Frozen BN, learned λ (a direct gradient of the loss): same loss, gradients and updated weights."""
     plain, cached = _pair(vocab_file, learn_logit_scale=True)
@@ -180,6 +181,7 @@ def test_train_mode_batchnorm_uses_chunk_statistics(vocab_file):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_both_passes_see_the_same_augmented_pixels(vocab_file):
     """Augmentation runs once per step in _prepare: the cached step's update equals the plain gradient on the
     pixels it augmented (recorded), applied with the same SGD."""

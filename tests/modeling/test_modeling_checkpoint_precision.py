@@ -22,6 +22,7 @@ def _optimizer_state(opt):
     return [v.numpy() for v in opt.variables]
 
 
+@pytest.mark.slow
 def test_checkpoint_round_trip_of_model_and_both_optimizers(vocab_file, tmp_path):
     batch = make_batch()
     ds = tf.data.Dataset.from_tensors(batch).repeat()

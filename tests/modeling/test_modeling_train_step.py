@@ -68,6 +68,7 @@ def _compiled(vocab_file, run_eagerly=False, **cfg_overrides):
     return model
 
 
+@pytest.mark.slow
 def test_train_step_reduces_the_loss_and_updates_both_towers(vocab_file):
     model = _compiled(vocab_file)
     batch = make_batch()

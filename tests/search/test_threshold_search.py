@@ -35,6 +35,9 @@ from ce_retrieval.search.threshold import (
 )
 from ce_retrieval.serve.searcher import QueryResult
 
+# every test here shares gallery or shard builds of several seconds: the full suite runs them, the fast tier does not
+pytestmark = pytest.mark.slow
+
 
 def brute_force(q, x, tau):
     """Rows with q.x >= tau per query, as sets, in float64 (the reference)."""

@@ -257,6 +257,7 @@ def calibration_json(base_export, tmp_path_factory):
     return cal.to_json()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "kill_at, left",
     [("copying", [1]), ("publish-0", [1]), ("publish-1", [1]), ("publish-2", [1, 2])],

@@ -30,6 +30,9 @@ from ce_retrieval.serve.searcher import Searcher
 from ce_retrieval.serve.service import create_app, serve_in_thread
 from ce_retrieval.serve.shard_server import create_shard_app, encode_queries
 
+# every test here shares gallery or shard builds of several seconds: the full suite runs them, the fast tier does not
+pytestmark = pytest.mark.slow
+
 NUM_SHARDS = 3
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

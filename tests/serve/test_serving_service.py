@@ -124,6 +124,7 @@ def test_service_timeout(base_export):
         assert "ce_search_timeouts_total 1" in c.get("/metrics").text
 
 
+@pytest.mark.slow
 def test_service_reloads_new_version_without_dropping_requests(base_export, export_copy):
     app = create_app(
         export_copy, reload_interval_s=0.2, timeout_s=120, loader=_slow_loader(0.05)

@@ -78,6 +78,7 @@ def test_errors_name_the_keys():
         ModelConfig(logit_bias=float("inf"))
 
 
+@pytest.mark.slow
 def test_the_model_refuses_a_loss_whose_bias_does_not_fit(vocab):
     opts = lambda: dict(text_optimizer=tf_keras.optimizers.Adam(), image_optimizer=tf_keras.optimizers.SGD())  # noqa: E731
     plain = build_two_tower(tiny_config(), vocab)
@@ -98,6 +99,7 @@ def test_the_model_refuses_a_loss_whose_bias_does_not_fit(vocab):
     tf_keras.backend.clear_session()
 
 
+@pytest.mark.slow
 def test_siglip_trains_t_b_and_the_towers_from_the_config(vocab):
     """The model's loss is SigLIP on its own t·cos + b (float64 reference), and 12 steps on one batch lower it
     while t and b, variables of the text optimizer, move and are logged."""

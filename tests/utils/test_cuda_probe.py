@@ -24,6 +24,7 @@ def test_noise_pattern_matches_only_the_cuinit_failure():
         assert not cuda_probe.NOISE.search(other)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(cuda_probe.nvidia_driver_present(), reason="only CPU-only machines drop the line")
 def test_probe_drops_the_cuinit_line_and_keeps_everything_else():
     # A child process: the probe must run before TensorFlow's first device query, and it captures fd 2.
