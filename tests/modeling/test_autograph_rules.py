@@ -66,3 +66,42 @@ def test_every_augmentation_stage_and_the_tokenizer_trace_with_autograph_on(voca
     )
     logs = model.train_on_batch(make_batch(), return_dict=True)  # Keras's traced step, augmentation included
     assert np.isfinite(logs["loss"])
+
+
+@pytest.mark.slow
+def test_a_training_step_is_bit_identical_with_the_libraries_converted(vocab_file, monkeypatch):
+    """Leaving the libraries unconverted changes no op: one step of the same model (every augmentation stage on)
+    gives bit-identical weights with autograph converting them (TensorFlow's rules without ours)."""
+    cfg = tiny_config(augment=True)
+    cfg.image.augmentation = dataclasses.replace(
+        cfg.image.augmentation, horizontal_flip=True, brightness=0.2, contrast=0.2, saturation=0.2, hue=0.1
+    )
+
+    def one_step():
+        tf_keras.backend.clear_session()
+        tf_keras.utils.set_random_seed(0)
+        model = build_two_tower(cfg, vocab_file, augmentation_seed=3)
+        model.compile(
+            loss=SampledSoftmax(),
+            text_optimizer=tf_keras.optimizers.SGD(0.1),
+            image_optimizer=tf_keras.optimizers.SGD(0.1),
+        )
+        model.train_on_batch(make_batch())
+        return model.get_weights()
+
+    unconverted = one_step()
+    ours = {f"DoNotConvert rule for {name}" for name in GRAPH_READY_LIBRARIES}
+    monkeypatch.setattr(
+        autograph_config,
+        "CONVERSION_RULES",
+        tuple(rule for rule in autograph_config.CONVERSION_RULES if str(rule) not in ours),
+    )
+    for module in ("ce_retrieval.modeling.text_tower", "ce_retrieval.modeling.image_tower", "ce_retrieval.data.vocab"):
+        monkeypatch.setattr(f"{module}.leave_graph_ready_libraries_unconverted", lambda: None)
+    import keras_cv
+
+    assert not conversion.is_allowlisted(keras_cv.layers.RandomCropAndResize.call)
+    converted = one_step()
+    assert len(converted) == len(unconverted)
+    for a, b in zip(converted, unconverted, strict=True):
+        np.testing.assert_array_equal(a, b)
