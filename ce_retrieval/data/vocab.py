@@ -93,5 +93,4 @@ def tokenizer(vocab_path: str) -> tf_text.BertTokenizer:
     import tensorflow_text as tf_text
 
     leave_graph_ready_libraries_unconverted()
-
     return tf_text.BertTokenizer(vocab_path, token_out_type=tf.int64, unknown_token="[UNK]", **TOKENIZER_PARAMS)

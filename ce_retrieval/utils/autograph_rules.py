@@ -25,15 +25,12 @@ from tensorflow.python.autograph.core import config as _autograph_config
 __all__ = ["GRAPH_READY_LIBRARIES", "leave_graph_ready_libraries_unconverted"]
 
 GRAPH_READY_LIBRARIES = ("keras_cv", "tensorflow_text", "official", "tree")
+_RULES = tuple(_autograph_config.DoNotConvert(name) for name in GRAPH_READY_LIBRARIES)
 
 
 def leave_graph_ready_libraries_unconverted() -> None:
-    """Add ``DoNotConvert`` rules for :data:`GRAPH_READY_LIBRARIES` ahead of TensorFlow's own (idempotent)."""
-    present = {
-        str(rule).rsplit(" ", 1)[-1]
-        for rule in _autograph_config.CONVERSION_RULES
-        if isinstance(rule, _autograph_config.DoNotConvert)
-    }
-    new = tuple(_autograph_config.DoNotConvert(name) for name in GRAPH_READY_LIBRARIES if name not in present)
-    if new:
-        _autograph_config.CONVERSION_RULES = new + tuple(_autograph_config.CONVERSION_RULES)
+    """Put the ``DoNotConvert`` rules for :data:`GRAPH_READY_LIBRARIES` ahead of TensorFlow's own (idempotent)."""
+    rules = tuple(_autograph_config.CONVERSION_RULES)
+    missing = tuple(rule for rule in _RULES if rule not in rules)
+    if missing:
+        _autograph_config.CONVERSION_RULES = missing + rules

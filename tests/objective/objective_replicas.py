@@ -38,7 +38,7 @@ cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * REPLICAS)
 
 from modeling_fixtures import VOCAB, make_batch, tiny_config  # noqa: E402
-from replica_paths import family_with_every_path  # noqa: E402  (this file's folder: sys.path[0])
+from replica_paths import AT_FOUR, FAMILY_PATHS, GRAPH_TOO, SIGLIP_PATHS, family_with_every_path  # noqa: E402  (this file's folder: sys.path[0])
 
 from ce_retrieval import losses  # noqa: E402
 from ce_retrieval.configs.experiment import LossConfig  # noqa: E402
@@ -119,23 +119,6 @@ def compare(strategy, make, key):
         out[f"{prefix}value"] = rel(got, want)
         out[f"{prefix}grads"] = max(rel(g, w) for g, w in zip(got_grads, want_grads, strict=True))
     return out
-
-
-FAMILY_PATHS = [("replicated", 3, False, False), ("sharded", 0, True, True), ("sharded", 3, True, True)]
-SIGLIP_PATHS = [("replicated", 3), ("sharded", 0), ("sharded", 3)]
-# checked at R = 4 too: a cross-example loss with mining (global histograms), a pair loss and a proxy loss (class-proxy
-# weights summed over replicas) on the dense path; the sharded + tiled paths that combine the cross-example partition
-# function, the mining histograms and SigLIP's learned b across replicas and tiles
-AT_FOUR = {
-    "CrossExampleNegativeMining/replicated",
-    "MultiSimilarityLoss/replicated",
-    "ProxyNCALoss/replicated",
-    "CrossExampleSoftmax/sharded/tile3/bi1/learn1",
-    "CrossExampleNegativeMining/sharded/tile3/bi1/learn1",
-    "SigmoidLoss/sharded/tile3/learn1",
-}
-# also checked inside a tf.function (as training runs them)
-GRAPH_TOO = {"CrossExampleNegativeMining/sharded/tile3/bi1/learn1", "SigmoidLoss/sharded/tile3/learn1"}
 
 
 def here(key: str) -> bool:

@@ -21,6 +21,7 @@ import subprocess
 import sys
 
 import pytest
+from replica_paths import AT_FOUR, GRAPH_TOO, every_key
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "objective_replicas.py")
 REPLICA_COUNTS = (2, 4)
@@ -66,14 +67,6 @@ def _result(results, replicas):
     return result
 
 
-def _every_key(registered, family):
-    """Every loss and path the harness knows (objective_replicas.py's keys)."""
-    want = {f"{n}/replicated" for n in registered}
-    for path in ("replicated/tile3/bi0/learn0", "sharded/tile0/bi1/learn1", "sharded/tile3/bi1/learn1"):
-        want |= {f"{n}/{path}" for n in family}
-    return want | {f"SigmoidLoss/{path}/learn1" for path in ("replicated/tile3", "sharded/tile0", "sharded/tile3")}
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("replicas", REPLICA_COUNTS)
 def test_every_path_under_replicas_equals_one_device(results, replicas):
@@ -81,14 +74,14 @@ def test_every_path_under_replicas_equals_one_device(results, replicas):
     registered, family = _family_and_registered()
     checked = set(result["results"])
     if replicas == 2:  # every registered loss's dense path and every family and SigLIP path
-        assert len(family) == 8 and checked == _every_key(registered, family), sorted(
-            checked ^ _every_key(registered, family)
+        assert len(family) == 8 and checked == every_key(registered, family), sorted(
+            checked ^ every_key(registered, family)
         )
     else:  # three dense paths and the sharded + tiled paths that combine statistics across replicas and tiles
-        assert len(checked) == 6 and checked <= _every_key(registered, family), sorted(checked)
+        assert checked == AT_FOUR and checked <= every_key(registered, family), sorted(checked)
         assert sum(k.endswith("/replicated") for k in checked) == 3
-    graph = {"CrossExampleNegativeMining/sharded/tile3/bi1/learn1", "SigmoidLoss/sharded/tile3/learn1"}
-    for key in graph:  # checked eagerly and inside a tf.function
+    assert GRAPH_TOO == {"CrossExampleNegativeMining/sharded/tile3/bi1/learn1", "SigmoidLoss/sharded/tile3/learn1"}
+    for key in GRAPH_TOO:  # checked eagerly and inside a tf.function
         assert {"graph_value", "graph_grads"} <= set(result["results"][key]), key
     for name, diffs in result["results"].items():
         for key, value in diffs.items():
