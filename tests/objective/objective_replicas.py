@@ -1,6 +1,6 @@
-"""Run as a subprocess by test_objective_replicas.py: the objective, the sharded loss and a model step under
-MirroredStrategy on R logical CPUs vs one device, in one process per R. Usage:
-``python objective_replicas.py WORKDIR R [model] [chunk] [all]``; prints one JSON line of relative differences.
+"""Run as a subprocess by test_objective_replicas.py: the objective and the sharded loss under MirroredStrategy on R
+logical CPUs vs one device, in one process per R. Usage: ``python objective_replicas.py R [all]``; prints one JSON
+line of relative differences.
 
 ``objective``: for every registered loss, the replicated dense path: Σ_r (share_r) = L and the replicas' embedding
 gradients (through all_gather) = the one-device gradients of L. For the softmax family also tiled, sharded and
@@ -14,8 +14,7 @@ inside a ``tf.function``, as training runs them.
 ``sharded``: the sharded softmax-family loss (``ce_retrieval.losses.kernels.sharded``) on 16 rows for the four losses,
 mining by fraction and by top_k, at every R: Σ shares = L and dL/dS (scores with many ties); for top_k mining (the
 objective's paths above mine by the default fraction) also dL/dX through all_gather and Σ_r dL/dW of shared weights.
-``model`` (with ``model``): one TwoTowerModel step ``sharded`` == the ``replicated`` step (weights, logged loss);
-with ``chunk``, ``sharded`` with gradient caching (``train.embedding_chunk=1``) instead.
+A whole TwoTowerModel step under replicas, on each loss path: tests/modeling/model_step_replicas.py.
 Logical devices must be configured before TensorFlow runs any op, hence a fresh process.
 """
 
@@ -24,28 +23,23 @@ import os
 import sys
 
 os.environ["TF_USE_LEGACY_KERAS"] = "1"
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "modeling"))
-REPLICAS = int(sys.argv[2]) if len(sys.argv) > 2 else 2
-MODEL_STEP = "model" in sys.argv[3:]
-CHUNK = "chunk" in sys.argv[3:]
-EVERY_CHECK = "all" in sys.argv[3:] or REPLICAS != 4  # R = 4 checks the subset AT_FOUR
+REPLICAS = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+EVERY_CHECK = "all" in sys.argv[2:] or REPLICAS != 4  # R = 4 checks the subset AT_FOUR
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-import tf_keras  # noqa: E402
 
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * REPLICAS)
 
-from modeling_fixtures import VOCAB, make_batch, tiny_config  # noqa: E402
 from replica_paths import AT_FOUR, FAMILY_PATHS, GRAPH_TOO, SIGLIP_PATHS, family_with_every_path  # noqa: E402  (this file's folder: sys.path[0])
 
 from ce_retrieval import losses  # noqa: E402
 from ce_retrieval.configs.experiment import LossConfig  # noqa: E402
-from ce_retrieval.losses import CrossExampleNegativeMining, relevance_from_ids  # noqa: E402
+from ce_retrieval.losses import relevance_from_ids  # noqa: E402
 from ce_retrieval.losses.kernels.sharded import sharded_softmax_loss  # noqa: E402
 from ce_retrieval.losses.kernels.softmax import softmax_loss  # noqa: E402
-from ce_retrieval.modeling import build_two_tower, gather_from_replicas  # noqa: E402
+from ce_retrieval.modeling import gather_from_replicas  # noqa: E402
 from ce_retrieval.modeling.config import ModelConfig  # noqa: E402
 from ce_retrieval.objective import LogitBias, LogitScale, RetrievalObjective  # noqa: E402
 from ce_retrieval.tasks import build_loss  # noqa: E402
@@ -281,62 +275,6 @@ def check_embeddings(strategy, case):
     return rel(total, float(dense)), max(rel(m, d) for m, d in zip(multi, dense_grads, strict=True))
 
 
-def tower_weights(model):
-    return model.text_core.weights + model.image_core.weights
-
-
-def build(strategy, vocab, batchnorm, partition, chunk=None):
-    with strategy.scope():
-        cfg = tiny_config()
-        cfg.image.batchnorm = batchnorm
-        model = build_two_tower(cfg, vocab)
-        model.compile(
-            loss=CrossExampleNegativeMining(),
-            text_optimizer=tf_keras.optimizers.SGD(0.05),
-            image_optimizer=tf_keras.optimizers.SGD(0.05),
-            loss_partition=partition,
-            embedding_chunk=chunk,
-        )
-    return model
-
-
-def check_model_step(strategy, workdir):
-    """One fit step (plain SGD, CrossExampleNegativeMining) == the ``replicated`` step (weights, logged loss):
-    ``sharded`` (sync batch norm); with ``chunk``, ``sharded`` with gradient caching (chunks of one row; frozen
-    batch norm, with which chunking is exact)."""
-    vocab = os.path.join(workdir, "vocab.txt")
-    with open(vocab, "w") as f:
-        f.write("\n".join(VOCAB) + "\n")
-    batch = make_batch(num_images=6, captions_per_image=(2, 1, 1, 1, 1, 2))  # 8 rows, duplicate ids at 0-1, 6-7
-    ds = tf.data.Dataset.from_tensors(batch).unbatch().batch(8, drop_remainder=True)
-    if CHUNK:
-        batchnorm, variants = "frozen", {"replicated": ("replicated",), "sharded_chunk": ("sharded", 1)}
-    else:
-        batchnorm, variants = "sync", {"replicated": ("replicated",), "sharded": ("sharded",)}
-    models = {name: build(strategy, vocab, batchnorm, *args) for name, args in variants.items()}
-    initial = models["replicated"].get_weights()
-    for model in models.values():
-        model.set_weights(initial)
-    after, logs = {}, {}
-    for name, model in models.items():
-        logs[name] = model.fit(ds, epochs=1, verbose=0).history["loss"][0]
-        after[name] = [w.numpy() for w in tower_weights(model)]
-    ref = after["replicated"]
-    out = {"batchnorm": batchnorm, "logged_loss": logs, "weight_diff": {}}
-    out["step_size"] = max(
-        float(np.abs(a - b).max()) for a, b in zip(ref, _initial_tower(models["replicated"], initial), strict=True)
-    )
-    for name in variants:
-        out["weight_diff"][name] = max(float(np.abs(a - b).max()) for a, b in zip(after[name], ref, strict=True))
-    return out
-
-
-def _initial_tower(model, initial):
-    """The initial values of ``tower_weights(model)`` (``initial`` is in ``model.get_weights()`` order)."""
-    index = {id(w): i for i, w in enumerate(model.weights)}
-    return [initial[index[id(w)]] for w in tower_weights(model)]
-
-
 def check_sharded(strategy):
     """The sharded loss (module docstring): {case: {value_scores, grad_scores[, value_emb, grad_emb]}}."""
     results = {}
@@ -349,19 +287,15 @@ def check_sharded(strategy):
     return results
 
 
-def main(workdir):
+def main():
     seed_everything(0, deterministic=False)  # the same initial weights in every run (after the logical devices)
     strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(REPLICAS)])
     assert strategy.num_replicas_in_sync == REPLICAS
-    # GRAPH_TOO's graphs run once: Grappler's rewrites (value-preserving) cost more than they save; the model step
-    # below runs with them, as training does
+    # GRAPH_TOO's graphs run once: Grappler's rewrites (value-preserving) cost more than they save
     tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
     result = {"replicas": REPLICAS, "results": check_objective(strategy), "losses": check_sharded(strategy)}
-    tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": False})
-    if MODEL_STEP or CHUNK:  # model builds dominate the run time: the test runs them with 2 replicas only
-        result["model"] = check_model_step(strategy, workdir)
     print(json.dumps(result))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main()
