@@ -2,8 +2,9 @@
 
 Batches of 8 rows in chunks of 2 (4 chunks). Equality holds where the towers act row by row: frozen batch norm
 (the tiny text tower has no dropout). Batch norm in 'train' mode normalises each chunk with its own statistics:
-tested against the chunk-wise forward under one tape, and shown to differ from the full-batch step. Under
-MirroredStrategy: test_modeling_distributed.py.
+tested against the chunk-wise forward under one tape, and shown to differ from the full-batch step.
+Under MirroredStrategy: test_modeling_distributed.py; a NaN batch (``on_bad_batch``) under XLA with caching:
+tests/tasks/test_every_loss_trains.py.
 """
 
 import dataclasses
@@ -228,32 +229,6 @@ def test_mixed_float16_with_loss_scaling_under_xla(vocab_file):
         )
     finally:
         tf_keras.mixed_precision.set_global_policy(policy)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("on_bad_batch", ["stop", "skip"])
-def test_on_bad_batch_flags_still_apply(vocab_file, on_bad_batch):
-    model = build_two_tower(_config(), vocab_file)
-    model.compile(
-        loss=SampledSoftmax(),
-        text_optimizer=tf_keras.optimizers.SGD(0.1),
-        image_optimizer=tf_keras.optimizers.SGD(0.1),
-        jit_compile=True,  # XLA drops the loss's own NaN checks: the step's flags must catch the batch
-        on_bad_batch=on_bad_batch,
-        embedding_chunk=XLA_CHUNK,
-    )
-    kernel = next(v for v in model.text_variables if v.shape.rank == 2 and "projection" in v.name)
-    poisoned = kernel.numpy()
-    poisoned[0, 0] = np.nan
-    kernel.assign(poisoned)
-    image_before = [v.numpy().copy() for v in model.image_variables]
-    if on_bad_batch == "stop":
-        with pytest.raises(tf.errors.InvalidArgumentError, match=r"training step.*has a NaN or Inf loss or gradient"):
-            model.train_on_batch(make_batch())
-    else:
-        logs = model.train_on_batch(make_batch(), return_dict=True)
-        assert int(logs["skipped_steps"]) == 1 and int(model.image_optimizer.iterations.numpy()) == 0
-    assert all(np.array_equal(a, v.numpy()) for a, v in zip(image_before, model.image_variables, strict=True))
 
 
 @pytest.mark.slow

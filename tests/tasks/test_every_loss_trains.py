@@ -141,11 +141,14 @@ def test_the_model_refuses_a_loss_with_another_lambda(task_vocab_file):
     tf_keras.backend.clear_session()
 
 
-def _poisoned(task_vocab_file, jit: bool, policy: str, on_bad_batch: str):
-    """A compiled model whose text projection holds a NaN: every score of the next step is NaN."""
+def _poisoned(task_vocab_file, jit: bool, policy: str, on_bad_batch: str, chunk: int = 0):
+    """A compiled model whose text projection holds a NaN: every score of the next step is NaN. ``chunk``: gradient
+    caching (``train.embedding_chunk``), whose step computes the loss and gradients another way."""
     tf_keras.mixed_precision.set_global_policy(policy)
     cfg = _experiment("CrossExampleNegativeMining")
-    cfg.train = dataclasses.replace(cfg.train, jit_compile=jit, on_bad_batch=on_bad_batch)
+    cfg.train = dataclasses.replace(
+        cfg.train, jit_compile=jit, on_bad_batch=on_bad_batch, embedding_chunk=chunk or None
+    )
     model = RetrievalTask(cfg).build_compiled_model(task_vocab_file, total_steps=10)
     kernel = next(v for v in model.text_variables if v.shape.rank == 2 and "projection" in v.name)
     poisoned = kernel.numpy()
@@ -155,9 +158,15 @@ def _poisoned(task_vocab_file, jit: bool, policy: str, on_bad_batch: str):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("jit, policy", [(True, "float32"), (False, "float32"), (True, "mixed_float16")])
-def test_a_nan_step_stops_training_with_an_error_naming_the_step(task_vocab_file, jit, policy):
-    model = _poisoned(task_vocab_file, jit, policy, "stop")
+@pytest.mark.parametrize(
+    "jit, policy, chunk",
+    [(True, "float32", 4), (False, "float32", 0), (True, "mixed_float16", 0)],
+    ids=["xla-cached", "graph", "xla-mixed_float16"],
+)
+def test_a_nan_step_stops_training_with_an_error_naming_the_step(task_vocab_file, jit, policy, chunk):
+    """Under XLA with and without gradient caching (chunks of 4 rows), in a graph, in mixed precision."""
+    model = _poisoned(task_vocab_file, jit, policy, "stop", chunk)
+    assert model.embedding_chunk == chunk
     image_before = [v.numpy().copy() for v in model.image_variables]
     # Under XLA the loss's own NaN check is compiled away: the step's flag check is what stops it.
     expected = r"training step.*has a NaN or Inf loss or gradient" if jit else r"NaN or Inf"
@@ -168,7 +177,9 @@ def test_a_nan_step_stops_training_with_an_error_naming_the_step(task_vocab_file
 
 @pytest.mark.slow
 def test_skip_leaves_the_weights_and_counts_the_step(task_vocab_file):
-    model = _poisoned(task_vocab_file, True, "float32", "skip")
+    """Under XLA with gradient caching (chunks of 4 rows)."""
+    model = _poisoned(task_vocab_file, True, "float32", "skip", chunk=4)
+    assert model.embedding_chunk == 4
     image_before = [v.numpy().copy() for v in model.image_variables]
     logs = model.train_on_batch(make_batch(), return_dict=True)
     assert int(logs["skipped_steps"]) == 1
