@@ -1,12 +1,21 @@
 """Shared test set-up: Keras 2 for keras-cv (set by the test process, as the ce-retrieval command does), quiet
 TensorFlow, deterministic seeds, a fresh Keras session per test, and one guard: every pinned outside library the
 tests compare with (pytorch-metric-learning, torch, faiss, TensorFlow Similarity, scikit-learn) must be installed
-at its pin, or the run fails before any test (no ``importorskip``)."""
+at its pin, or the run fails before any test (no ``importorskip``).
+
+Compilation for graphs that run once or twice: a test traces a step, runs it and compares, so the optimisations
+that pay off over thousands of training steps cost more than they save. In the test processes Grappler's graph
+rewrites are off, and XLA's CPU code is generated without LLVM's optimisation passes (``XLA_FLAGS``, inherited by
+the subprocesses the tests start, unless set already): the same computations, other float rounding at most (e.g.
+no fused multiply-add), which the tests' tolerances already allow (a test that compares bits with a fresh
+``ce-retrieval train`` process turns Grappler back on for its run: test_train_e2e.py). The XLA-heavy tests take
+about a quarter less CPU time. Outside the tests (training, the demo, the benchmarks) both are on."""
 
 import os
 
 os.environ["TF_USE_LEGACY_KERAS"] = "1"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -21,6 +30,7 @@ pytest_plugins = ["export_fixtures"]  # tests/export_fixtures.py: the export the
 
 
 def pytest_configure(config):
+    tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})  # module docstring
     missing = reference_packages.problems()
     if missing:
         raise pytest.UsageError(

@@ -4,11 +4,11 @@ logical CPUs against one device, for every way the step can split its work. Usag
 
 ``sync``: batch norm synchronised across replicas, CrossExampleNegativeMining (a loss normalised over the GLOBAL
 batch, so a share computed on the wrong rows or scaled twice shows), plain SGD (its update is proportional to the
-gradient). A model on one device (eager, the reference: no tracing) against the ``replicated`` and the ``sharded``
-(``train.loss_partition``) steps under Mirrored(2): the gathered similarity matrix on each replica, the updated
-weights (BN moving statistics included) and the logged loss.
-``frozen``: frozen batch norm (with which chunking is exact), learned λ, SampledSoftmax: one device against the plain
-and the gradient-cached (``embedding_chunk=2``: 4 rows per replica in chunks of 2) steps under Mirrored(2); with
+gradient), learned λ. A model on one device (eager, the reference: no tracing) against the ``replicated`` and the
+``sharded`` (``train.loss_partition``) steps under Mirrored(2): the gathered similarity matrix on each replica, the
+updated weights (BN moving statistics included) and the logged loss.
+``frozen``: frozen batch norm (with which chunking is exact), learned λ, SampledSoftmax: one device against the
+gradient-cached (``embedding_chunk=2``: 4 rows per replica in chunks of 2) step under Mirrored(2); with
 ``chunk`` also the sharded step with chunks of one row (not run by the test: model builds dominate the run time).
 All models of a part start from the reference's weights. One process for all of it: logical devices must be set
 before TensorFlow runs an op, and each process pays the imports and the strategy's set-up.
@@ -122,12 +122,14 @@ def main(workdir):
     mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     assert mirrored.num_replicas_in_sync == 2
     variants = {"replicated": {}, "sharded": {"loss_partition": "sharded"}}
-    models, sync = one_step(mirrored, vocab, "sync", CrossExampleNegativeMining, variants)
+    models, sync = one_step(
+        mirrored, vocab, "sync", lambda: CrossExampleNegativeMining(scale=1.0), variants, learn_logit_scale=True
+    )
     # the matrix after the step: both models hold the same (updated) weights if the step is right, and the check
     # needs the models' forward pass only
     models["replicated"].set_weights(models["single"].get_weights())
     sync["shapes"], sync["matrix_diff"] = matrix_diff(mirrored, models["replicated"], models["single"])
-    variants = {"plain": {}, "cached": {"embedding_chunk": 2}}
+    variants = {"cached": {"embedding_chunk": 2}}  # the plain replicated step against one device: ``sync`` above
     if SHARDED_CHUNK:
         variants["sharded_chunk"] = {"loss_partition": "sharded", "embedding_chunk": 1}
     _, frozen = one_step(mirrored, vocab, "frozen", lambda: SampledSoftmax(scale=1.0), variants, learn_logit_scale=True)

@@ -55,5 +55,6 @@ def test_sharded_step_equals_the_replicated_step(result):
 
 @pytest.mark.slow
 def test_mirrored_cached_step_equals_the_plain_step(result):
-    """Gradient caching under Mirrored(2), 4 rows per replica in chunks of 2, learned λ: the plain step's update."""
-    _assert_same_step(result["frozen"], ["plain", "cached"])
+    """Gradient caching under Mirrored(2), 4 rows per replica in chunks of 2, learned λ: the one-device plain step's
+    update (which the plain replicated step equals: the test above)."""
+    _assert_same_step(result["frozen"], ["cached"])

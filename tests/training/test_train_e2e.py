@@ -43,10 +43,18 @@ def _cli(model_dir, *overrides, env=None):
 
 @pytest.fixture(scope="module")
 def trained_here(tmp_path_factory):
-    """A tiny run of ``train`` in this (long-lived) test process: its model directory and printed lines."""
+    """A tiny run of ``train`` in this (long-lived) test process: its model directory and printed lines. With
+    Grappler's rewrites on, as in a ``ce-retrieval train`` process (the test processes turn them off,
+    tests/conftest.py): they change the trained weights' last bits."""
+    import tensorflow as tf
+
     model_dir = tmp_path_factory.mktemp("here")
     lines = []
-    summary = train(_tiny_cfg(), str(model_dir), print_fn=lines.append)
+    tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": False})
+    try:
+        summary = train(_tiny_cfg(), str(model_dir), print_fn=lines.append)
+    finally:
+        tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
     return model_dir, summary, lines
 
 
