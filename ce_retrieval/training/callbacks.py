@@ -48,6 +48,22 @@ class ThroughputLogger(tf_keras.callbacks.Callback):
             )
 
 
+class ResumePoint(tf_keras.callbacks.Callback):
+    """The optimizer step at which ``fit`` starts, read after ``BackupAndRestore`` (placed before this callback)
+    restored its backup: 0 for a fresh run, the backed-up step for a run resumed after a kill. ``train`` records it
+    in ``train_summary.json`` as ``resumed_from_step`` and says so when it is not 0."""
+
+    def __init__(self, print_fn=print):
+        super().__init__()
+        self.print_fn = print_fn
+        self.step = 0
+
+    def on_train_begin(self, logs=None) -> None:
+        self.step = int(self.model.text_optimizer.iterations.numpy())
+        if self.step and self.print_fn:
+            self.print_fn(f"[train] resumed from the backup at step {self.step}")
+
+
 def _remove_stale_checkpoint_files(directory: str) -> None:
     """Removes what a save killed midway left in a CheckpointManager folder: a ``ckpt-N_temp/`` shard folder,
     ``ckpt-N.*`` files the ``checkpoint`` state file does not list, a ``checkpoint.tmp*`` state file, a hidden

@@ -24,7 +24,7 @@ import tf_keras
 from ce_retrieval.configs import save_yaml
 from ce_retrieval.tasks import RetrievalTask
 from ce_retrieval.training import distribute
-from ce_retrieval.training.callbacks import ThroughputLogger, WeightsCheckpoint
+from ce_retrieval.training.callbacks import ResumePoint, ThroughputLogger, WeightsCheckpoint
 from ce_retrieval.utils.atomic import atomic_write_text
 from ce_retrieval.utils.seeding import seed_everything
 
@@ -86,6 +86,7 @@ def train(cfg, model_dir: str, extra_callbacks=(), print_fn=print) -> dict:
     with strategy.scope():
         model = task.build_compiled_model(vocab_path, total_steps)
 
+    resume_point = ResumePoint(print_fn=print_fn if distribute.is_chief() else None)
     callbacks = [
         ThroughputLogger(cfg.train.batch_size, print_fn=print_fn if distribute.is_chief() else None),
         *task.build_callbacks(model, out_dir),
@@ -93,6 +94,7 @@ def train(cfg, model_dir: str, extra_callbacks=(), print_fn=print) -> dict:
         tf_keras.callbacks.BackupAndRestore(
             os.path.join(out_dir, "backup"), save_freq=cfg.train.backup_every_steps, delete_checkpoint=True
         ),
+        resume_point,  # after BackupAndRestore: reads the step it restored
         WeightsCheckpoint(
             os.path.join(out_dir, "checkpoints"),
             monitor=cfg.evaluation.monitor if cfg.evaluation.every_n_epochs else None,
@@ -117,6 +119,7 @@ def train(cfg, model_dir: str, extra_callbacks=(), print_fn=print) -> dict:
         "name": cfg.name,
         "loss": cfg.loss.name,
         "steps": int(model.text_optimizer.iterations.numpy()),
+        "resumed_from_step": resume_point.step,
         "epochs": cfg.train.epochs,
         "seconds": time.perf_counter() - start,
         "num_replicas": strategy.num_replicas_in_sync,

@@ -61,8 +61,8 @@ def trained_here(tmp_path_factory):
 @pytest.mark.slow
 def test_train_writes_model_dir_and_reloads(trained_here):
     tmp_path, summary, lines = trained_here
-    assert summary["steps"] == 6
-    assert any("examples/s" in line for line in lines)
+    assert summary["steps"] == 6 and summary["resumed_from_step"] == 0
+    assert any("examples/s" in line for line in lines) and not any("resumed" in line for line in lines)
     for name in ("config.yaml", "vocab.txt", "train_summary.json"):
         assert (tmp_path / name).exists(), name
     assert (tmp_path / "checkpoints" / "latest" / "checkpoint").exists()
@@ -82,7 +82,7 @@ def test_resume_after_sigkill_keeps_step_count(tmp_path):
     machine), killed after its first backup, resumes to the step count of an uninterrupted run."""
     model_dir = tmp_path / "run"
     override = (
-        "train.epochs=3,train.steps_per_epoch=8,train.backup_every_steps=3,evaluation.every_n_epochs=0,"
+        "train.epochs=2,train.steps_per_epoch=4,train.backup_every_steps=2,evaluation.every_n_epochs=0,"
         "train.strategy=mirrored,train.num_cpu_replicas=2"
     )
     cmd, env = _cli(model_dir, override)
@@ -100,7 +100,9 @@ def test_resume_after_sigkill_keeps_step_count(tmp_path):
     done = subprocess.run(cmd, env=env, capture_output=True, timeout=300)
     assert done.returncode == 0, done.stderr.decode()[-3000:]
     summary = json.loads((model_dir / "train_summary.json").read_text())
-    assert summary["steps"] == 24  # the same total as an uninterrupted run
+    assert summary["steps"] == 8  # the same total as an uninterrupted run ...
+    assert 2 <= summary["resumed_from_step"] < 8  # ... from the backup, not from the start
+    assert b"resumed from the backup at step" in done.stdout
     assert summary["num_replicas"] == 2
     assert (model_dir / "checkpoints" / "latest" / "checkpoint").exists()
 
