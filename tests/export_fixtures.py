@@ -1,12 +1,15 @@
 """Helpers and fixtures of the build, search and serve tests (a plugin of tests/conftest.py, so every test
 directory sees the one session-wide ``base_export``: a read-only export of the stand-in towers with a brute-force
-index of 300 images; ``export_copy`` is a per-test copy of it). Stand-in towers: the
+index of 300 images; ``export_copy`` is a per-test copy of it; ``export_spy`` records what a caller hands the
+manifest writer). Stand-in towers: the
 interface of ``TwoTowerModel.text_encoder`` / ``.image_encoder``
 (raw string batch -> float32 [B, d] unit vectors, preprocessing inside the graph), tiny and fast.
 
 The text tower lower-cases with TF-Text's ``case_fold_utf8`` on purpose, so its SavedModel needs TF-Text's
 ops like the real WordPiece tower does, and the tests exercise the ``import tensorflow_text`` requirement.
 """
+
+import types
 
 import numpy as np
 import pytest
@@ -110,3 +113,22 @@ def export_copy(base_export, tmp_path):
     dst = str(tmp_path / "export")
     shutil.copytree(base_export["dir"], dst)
     return dst
+
+
+@pytest.fixture
+def export_spy(monkeypatch):
+    """``ce_retrieval.build.export.export_encoders`` (the one writer of an export's manifests) replaced by a
+    recorder, for tests of what a caller hands it (λ, b) that need no SavedModel written: ``{export_dir: the
+    scoring keyword arguments}``. That it writes what it is given is tests/build/test_serving_export.py's check."""
+    from ce_retrieval.build import export as export_module
+
+    written = {}
+
+    def spy(text_encoder, image_encoder, export_dir, version=None, metadata=None, *, verify=True, **scoring):
+        written[export_dir] = scoring
+        return types.SimpleNamespace(
+            version=version or 1, text_encoder=export_dir, image_encoder=export_dir, metadata={"custom_ops": []}
+        )
+
+    monkeypatch.setattr(export_module, "export_encoders", spy)
+    return written

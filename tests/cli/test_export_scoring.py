@@ -2,7 +2,6 @@
 ``model.learn_logit_scale`` the LEARNED λ (model.logit_scale), the same in both manifests, not the configured one."""
 
 import math
-import types
 
 import numpy as np
 import pytest
@@ -49,26 +48,14 @@ def test_scoring_parameters_read_the_learned_logit_scale(trained_dir):
     assert scoring_parameters(model) == pytest.approx({"logit_scale": LEARNED}, rel=1e-6)
 
 
-def test_demo_and_export_write_the_same_learned_logit_scale(trained_dir, tmp_path, monkeypatch):
-    """Both stages hand the learned λ to ``export_encoders``, the one writer of the manifests (that it writes the
-    λ it is given into the text tower's metadata is tests/build/test_serving_export.py's check): the SavedModels
-    themselves are not written here, so the test is about the two callers, not about exporting."""
-    from ce_retrieval.build import export as export_module
-
-    written = {}
-
-    def spy(text_encoder, image_encoder, export_dir, version=None, metadata=None, *, verify=True, **scoring):
-        written[export_dir] = scoring
-        paths = types.SimpleNamespace(version=1, text_encoder=export_dir, image_encoder=export_dir)
-        paths.metadata = {"custom_ops": [], **scoring}
-        return paths
-
-    monkeypatch.setattr(export_module, "export_encoders", spy)
+def test_demo_and_export_write_the_same_learned_logit_scale(trained_dir, tmp_path, export_spy):
+    """Both stages hand the learned λ to ``export_encoders``, the one writer of the manifests (``export_spy``: the
+    SavedModels themselves are not written here, so the test is about the two callers, not about exporting)."""
     by_cli, by_demo = str(tmp_path / "export_cli"), str(tmp_path / "export_demo")
     assert cli_main(["export", "--model_dir", trained_dir, "--export_dir", by_cli, "--no_verify"]) == 0
     cfg, model = load_trained(trained_dir)
     demo.export_trained(cfg, model, by_demo)
-    assert set(written) == {by_cli, by_demo}
-    scales = [written[d]["logit_scale"] for d in (by_cli, by_demo)]
+    assert set(export_spy) == {by_cli, by_demo}
+    scales = [export_spy[d]["logit_scale"] for d in (by_cli, by_demo)]
     np.testing.assert_allclose(scales, [LEARNED, LEARNED], rtol=1e-6)
     assert scales[0] == scales[1]

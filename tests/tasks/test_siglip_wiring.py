@@ -130,32 +130,21 @@ def test_the_demo_baseline_drops_the_bias_its_loss_does_not_have():
 
 
 @pytest.mark.slow
-def test_a_trained_siglip_model_exports_t_and_b(vocab, tmp_path, monkeypatch):
+def test_a_trained_siglip_model_exports_t_and_b(vocab, tmp_path, monkeypatch, export_spy):
     """``ce-retrieval export`` hands the model's learned t (logit_scale) and b (logit_bias) to ``export_encoders``,
-    the one writer of the manifests (that it writes what it is given: tests/build/test_serving_export.py; the
-    SavedModels themselves are not written here)."""
-    import types
-
+    the one writer of the manifests (``export_spy``: the SavedModels themselves are not written here)."""
     import ce_retrieval.training
     from ce_retrieval import cli
-    from ce_retrieval.build import export as export_module
 
     cfg = _cfg(logit_scale=10.0, learn_logit_scale=True, logit_bias=-10.0, learn_logit_bias=True)
     model = RetrievalTask(cfg).build_model(vocab)
     model.log_logit_scale.assign(np.log(12.5))
     model.logit_bias_variable.assign(-7.25)
     monkeypatch.setattr(ce_retrieval.training, "load_trained", lambda d: (cfg, model), raising=False)
-    written = []
-
-    def spy(text_encoder, image_encoder, export_dir, version=None, metadata=None, *, verify=True, **scoring):
-        written.append(scoring)
-        return types.SimpleNamespace(version=1, text_encoder="t", image_encoder="i", metadata={"custom_ops": []})
-
-    monkeypatch.setattr(export_module, "export_encoders", spy)
     out = str(tmp_path / "export")
     assert cli.main(["export", "--model_dir", "run", "--export_dir", out, "--version", "1", "--no_verify"]) == 0
-    assert len(written) == 1
-    assert written[0]["logit_scale"] == pytest.approx(12.5, rel=1e-6) and written[0]["logit_bias"] == -7.25
+    assert list(export_spy) == [out]
+    assert export_spy[out]["logit_scale"] == pytest.approx(12.5, rel=1e-6) and export_spy[out]["logit_bias"] == -7.25
     tf_keras.backend.clear_session()
 
 
