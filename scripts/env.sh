@@ -12,7 +12,7 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
-  echo "[env] installing pinned dependencies (about 2 minutes, 3.7 GB)" >&2
+  echo "[env] installing pinned dependencies (about 2 minutes, 4.7 GB)" >&2
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$ROOT/requirements.txt" -r "$ROOT/requirements-dev.txt"
   echo "$want" > "$STAMP"
