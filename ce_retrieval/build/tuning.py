@@ -6,7 +6,9 @@ searched without itself (:func:`gallery_tuning_queries`). Used by ``build.index`
 
 Set recall of a query set at threshold tau: sum_q |A_q ∩ E_q| / sum_q |E_q|, A_q the approximate answer and E_q
 the exact one {x : q.x >= tau}; a setting is accepted when the one-sided lower confidence bound of that ratio
-(queries as clusters) reaches the target."""
+(queries as clusters) reaches the target. Gallery items as tuning queries overstate what new queries get, so on them
+the miss rate 1 - set recall is counted ``GALLERY_ITEMS_MISS_FACTOR`` times: the bound must reach
+1 - (1 - target) / factor, and the figure an approximate answer carries is 1 - factor * (1 - measured)."""
 
 from __future__ import annotations
 
@@ -33,6 +35,10 @@ from ce_retrieval.search.threshold import (
 
 TARGET_SET_RECALL = 0.99
 THRESHOLD_TUNING_QUERIES = 200
+GALLERY_ITEMS_MISS_FACTOR = 2.0
+"""New queries' set-recall miss rate over the tuning gallery items' (each searched without itself), as an allowance:
+the records measured 1.4-1.8x at 1M (two defaults builds and one without partitions, new draws of the gallery's
+clusters, plain and noisy) and 0.6-1.1x at 10M; 1.0 for given (validation) queries."""
 
 
 def recall_at_10(searcher_rows: np.ndarray, exact_rows: np.ndarray) -> float:
@@ -140,8 +146,10 @@ def tune_threshold_search(
         sizes = np.diff(partitions.offsets)
         return float(np.mean([sizes[np.unique(leaf_of_rows(partitions, r))].sum() for r in found]))
 
+    factor = 1.0 if own_rows is None else GALLERY_ITEMS_MISS_FACTOR
+    tuning_target = 1.0 - (1.0 - target) / factor  # what the tuning queries must reach for new ones to reach target
     p, chosen, table = tune_threshold_params(
-        search, q, taus, truth, base, target, max_leaves_factor=every_leaf, expansion_items=expansion_items
+        search, q, taus, truth, base, tuning_target, max_leaves_factor=every_leaf, expansion_items=expansion_items
     )
     for tau in taus.values():  # the chosen point's statistics at every threshold (the walk measured them, or now)
         if (tau, repr(p)) not in familiar:
@@ -157,7 +165,7 @@ def tune_threshold_search(
     recalls, lower = chosen["set_recall"], chosen["set_recall_lower"]
     measured = [r for r in recalls.values() if r is not None]
     bounds = [r for r in lower.values() if r is not None]
-    meets = min(bounds, default=1.0) >= target
+    meets = min(bounds, default=1.0) >= tuning_target
     return {
         "method": "approximate by default: ScaNN top-k with k grown x"
         f"{p.growth} from {p.start_k} until the k-th exact score < tau (exact past k = {p.max_k})"
@@ -178,6 +186,8 @@ def tune_threshold_search(
             "thresholds": taus,
             "mean_hits": {t: float(np.mean([len(r) for r in truth[t]])) for t in names},
             "target": target,
+            "miss_factor": factor,
+            "tuning_target": tuning_target,
             "meets_target": meets,
             "num_queries": len(q),
             "query_source": source,
@@ -197,16 +207,19 @@ def tune_threshold_search(
                     "limit": limits["missed"],
                 },
             },
-            "served": _served_figures(index, q, own_rows, taus, truth),
+            "served": _served_figures(index, q, own_rows, taus, truth, factor),
             "tuning": table,
         },
     }
 
 
-def _served_figures(index: GalleryIndex, q: np.ndarray, own_rows, taus: dict, truth: dict) -> dict:
+def _served_figures(
+    index: GalleryIndex, q: np.ndarray, own_rows, taus: dict, truth: dict, miss_factor: float = 1.0
+) -> dict:
     """The tuned search as it answers (checks on) on the tuning queries: set recall per threshold, the share of
-    queries answered exactly, and ``set_recall_approximate``: the lowest over thresholds of the set recall of the
-    answers it gave approximately."""
+    queries answered exactly, ``set_recall_approximate_measured``: the lowest over thresholds of the set recall of
+    the answers it gave approximately, and ``set_recall_approximate``, the figure each approximate answer carries:
+    1 - miss_factor * (1 - measured) (the measured figure for given queries)."""
     overall, approximate, exact_share = {}, {}, {}
     for name, tau in taus.items():
         rows, _, reasons, _ = index.approximate_threshold_rows(q, tau, index.threshold_params)
@@ -215,10 +228,11 @@ def _served_figures(index: GalleryIndex, q: np.ndarray, own_rows, taus: dict, tr
         overall[name] = set_recall(found, truth[name])
         approximate[name] = set_recall([found[i] for i in approx], [truth[name][i] for i in approx])
         exact_share[name] = 1.0 - len(approx) / len(q)
-    measured = [r for r in approximate.values() if r is not None]
+    measured = min((r for r in approximate.values() if r is not None), default=None)
     return {
         "set_recall": overall,
         "exact_share": exact_share,
         "set_recall_approximate_by_threshold": approximate,
-        "set_recall_approximate": min(measured) if measured else None,
+        "set_recall_approximate_measured": measured,
+        "set_recall_approximate": None if measured is None else max(0.0, 1.0 - miss_factor * (1.0 - measured)),
     }

@@ -14,6 +14,7 @@ from export_fixtures import clustered_unit_vectors
 
 from benchmarks.common.galleries import clustered
 from ce_retrieval.build.index import BuildConfig, build_index, write_index_folder
+from ce_retrieval.build.tuning import GALLERY_ITEMS_MISS_FACTOR
 from ce_retrieval.search import layout
 from ce_retrieval.search import threshold as ts
 from ce_retrieval.search.gallery import GalleryIndex
@@ -442,13 +443,20 @@ def test_manifest_says_what_the_recall_was_measured_on(promise_indexes, build):
     approx = promise_indexes[build]["manifest"]["threshold_search"]["approximate"]
     if build == "given":
         assert (approx["measured_on"], approx["query_source"]) == ("given_queries", "given queries")
+        assert approx["miss_factor"] == 1.0 and approx["tuning_target"] == approx["target"]
     else:
         assert approx["measured_on"] == "gallery_items" and "each without itself" in approx["query_source"]
+        # items overstate new queries' recall: their miss rate counts GALLERY_ITEMS_MISS_FACTOR times
+        assert approx["miss_factor"] == GALLERY_ITEMS_MISS_FACTOR == 2.0
+        assert approx["tuning_target"] == pytest.approx(1 - (1 - approx["target"]) / 2)
+    assert approx["meets_target"] and approx["set_recall_lower_min"] >= approx["tuning_target"]
     familiar = approx["familiar"]
     assert familiar["quantile"] == ts.FAMILIAR_QUANTILE and familiar["probe_leaves"] == ts.PROBE_LEAVES
     assert familiar["spread"]["limit"] > 0 and familiar["missed"]["limit"] >= 0
     served = approx["served"]
     assert max(served["exact_share"].values()) <= 0.1  # the tuning queries themselves are familiar
+    measured = served["set_recall_approximate_measured"]
+    assert served["set_recall_approximate"] == pytest.approx(1 - approx["miss_factor"] * (1 - measured))
     assert served["set_recall_approximate"] >= approx["target"]
     assert promise_indexes[build]["index"].approximate_set_recall == served["set_recall_approximate"]
 
