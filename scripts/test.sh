@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: lint, then the whole test suite (2 processes, each test file on one of them, so a module's
-# shared fixtures are built once). Installs what it needs first.
+# shared fixtures are built once; files in the order tests/conftest.py gives them, the ones with slow tests first,
+# which xdist's default reordering by test count would undo). Installs what it needs first.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/env.sh"
@@ -9,4 +10,4 @@ echo "[test] ruff"
 ruff check ce_retrieval tests benchmarks
 ruff format --check ce_retrieval tests benchmarks
 echo "[test] pytest"
-python -m pytest -n "${CE_TEST_WORKERS:-2}" --dist loadscope --timeout=900 -q --durations=25 "$@" tests
+python -m pytest -n "${CE_TEST_WORKERS:-2}" --dist loadscope --no-loadscope-reorder --timeout=900 -q --durations=25 "$@" tests

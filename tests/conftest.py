@@ -63,6 +63,8 @@ def rng():
 def pytest_collection_modifyitems(config, items):
     """Test files holding a ``slow`` test run first, the rest after, each file's tests in their own order: with
     two xdist workers, a long test that starts last leaves one core idle while it finishes (the sort is
-    deterministic, so every worker collects the same order)."""
+    deterministic, so every worker collects the same order). xdist keeps this order only with
+    ``--no-loadscope-reorder`` (scripts/test.sh); by default it sends files with the most tests first, which put the
+    one-test end-to-end files last."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.path not in slow_files)  # stable: within a group, collection order

@@ -201,12 +201,15 @@ def _checkpoint_arrays(model_dir: str) -> dict:
     return {k: reader.get_tensor(k) for k in keys}
 
 
-def part_train(work: str, kills: int, quick: bool, seed: int) -> Record:
-    """SIGKILL a tiny training run ``kills`` times (checkpoint write, backup write, random), resume, compare."""
+def part_train(work: str, kills: int, quick: bool, seed: int, train_override: str = "") -> Record:
+    """SIGKILL a tiny training run ``kills`` times (checkpoint write, backup write, random), resume, compare.
+    ``train_override``: more config overrides for every run (e.g. ``train.strategy=mirrored``). The resumed run
+    must start from its backup (``resumed_from_step`` > 0, and say so), not from step 0."""
     rec = Record()
     rng = random.Random(seed)
     epochs, spe = (2, 4) if quick else (3, 8)
     override = f"train.epochs={epochs},train.steps_per_epoch={spe},train.backup_every_steps=2,train.seed={seed}"
+    override += f",{train_override}" if train_override else ""
     ref_dir, run_dir = os.path.join(work, "train_reference"), os.path.join(work, "train_killed")
     for d in (ref_dir, run_dir):
         shutil.rmtree(d, ignore_errors=True)
@@ -252,9 +255,7 @@ def part_train(work: str, kills: int, quick: bool, seed: int) -> Record:
     if os.path.exists(os.path.join(run_dir, "train_summary.json")):
         final = subprocess.CompletedProcess([], 0, b"", b"")
     else:
-        final = subprocess.run(
-            _train_cmd(run_dir, override), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=900
-        )
+        final = subprocess.run(_train_cmd(run_dir, override), env=_env(), capture_output=True, timeout=900)
     final_seconds = time.perf_counter() - start
     rec.check(ref is None or ref.returncode == 0, f"reference training failed: {ref_err.decode()[-1500:]}")
     rec.check(final.returncode == 0, f"resumed training failed: {final.stderr.decode()[-1500:]}")
@@ -263,7 +264,7 @@ def part_train(work: str, kills: int, quick: bool, seed: int) -> Record:
         "### Training: SIGKILL and resume",
         "",
         f"Tiny config (`tests/training/tiny.py`), {epochs} epochs x {spe} steps, backup every 2 steps, "
-        f"seed {seed}; "
+        f"seed {seed}{f' ({train_override})' if train_override else ''}; "
         + ("no reference run (--quick)" if quick else f"uninterrupted reference run {_fmt_s(ref_seconds)}")
         + (
             f"; final resumed run {_fmt_s(final_seconds)}."
@@ -282,10 +283,21 @@ def part_train(work: str, kills: int, quick: bool, seed: int) -> Record:
     problems = checkpoint_problems(run_dir)
     rec.check(summary["steps"] == epochs * spe, f"step count {summary['steps']} != {epochs * spe}")
     rec.check(not problems, f"files left after resume: {problems}")
-    rec.data.update(steps=summary["steps"], leftovers=len(problems))
+    resumed_from = summary.get("resumed_from_step", 0)
+    said = b"resumed from the backup at step" in (final.stdout or b"")
+    if final.args:  # the final run followed a kill: it must continue from the backup and say so
+        rec.check(resumed_from > 0 and said, f"the run after the kill started at step {resumed_from}, not its backup")
+    rec.data.update(
+        steps=summary["steps"],
+        leftovers=len(problems),
+        resumed_from_step=resumed_from,
+        said_resumed=said,
+        num_replicas=summary.get("num_replicas"),
+    )
+    resumed = f"resumed from step {resumed_from}" if final.args else "no resume"
     if ref is None:
         rec.lines += [
-            f"Final run: exit 0, **{summary['steps']} steps** (expected {epochs * spe}); "
+            f"Final run: exit 0, **{summary['steps']} steps** (expected {epochs * spe}), {resumed}; "
             f"**{len(problems)} temporary / partial / orphaned files** left.",
             "",
         ]
@@ -309,7 +321,7 @@ def part_train(work: str, kills: int, quick: bool, seed: int) -> Record:
             x, y = summary["history"][key][-1], ref_summary["history"][key][-1]
             metric_rows.append(f"| {key} (last epoch) | {x:.6g} | {y:.6g} | {abs(x - y):.3g} |")
     rec.lines += [
-        f"Final run: exit 0, **{summary['steps']} steps** (uninterrupted: {ref_summary['steps']}); "
+        f"Final run: exit 0, **{summary['steps']} steps** (uninterrupted: {ref_summary['steps']}), {resumed}; "
         f"**{len(problems)} temporary / partial / orphaned files** left (uninterrupted run: {len(ref_problems)}).",
         "",
         f"Final weights vs the uninterrupted run: {'bit-identical' if identical else 'not bit-identical'}, "
@@ -320,9 +332,7 @@ def part_train(work: str, kills: int, quick: bool, seed: int) -> Record:
         *metric_rows,
         "",
     ]
-    rec.data.update(
-        steps=summary["steps"], leftovers=len(problems), identical=identical, max_weight_diff=max_diff, model=ref_dir
-    )
+    rec.data.update(identical=identical, max_weight_diff=max_diff, model=ref_dir)
     return rec
 
 
@@ -858,6 +868,7 @@ def run(
     publish_every_s: float,
     rss_requests: int,
     bad_rounds: int,
+    train_override: str = "",
     print_fn=print,
 ) -> list[Record]:
     """Runs the chosen parts in order; returns their records (the markdown is printed part by part)."""
@@ -869,7 +880,7 @@ def run(
     def one(part: str) -> None:
         t = time.perf_counter()
         if part == "train":
-            rec = part_train(work, kills, quick, seed)
+            rec = part_train(work, kills, quick, seed, train_override)
         elif part == "export":
             model_dir = None
             if not quick:  # the CLI needs a trained model: the training part's reference, or a tiny run
@@ -945,6 +956,7 @@ def main(argv=None) -> int:
     ap.add_argument("--kills", type=int, default=None, help="SIGKILLs of training (default 5, quick 1)")
     ap.add_argument("--export_kills", type=int, default=None, help="SIGKILLs of export/index (default 4, quick 1)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--train_override", default="", help="more overrides for the training runs (e.g. a strategy)")
     ap.add_argument("--gallery", type=int, default=None, help="service gallery size (default 100000, quick 2000)")
     ap.add_argument("--duration", type=float, default=None, help="seconds per load row (default 6, quick 0.5)")
     ap.add_argument("--publish_every", type=float, default=None, help="seconds between versions (default 3)")
@@ -970,6 +982,7 @@ def main(argv=None) -> int:
         publish_every_s=args.publish_every or (0.5 if q else 3.0),
         rss_requests=args.rss_requests or (300 if q else 10_000),
         bad_rounds=args.bad_rounds if args.bad_rounds is not None else (1 if q else 5),
+        train_override=args.train_override,
     )
     if args.workdir is None:
         shutil.rmtree(work, ignore_errors=True)

@@ -1,6 +1,6 @@
 """Run as a subprocess by test_objective_replicas.py: the objective and the sharded loss under MirroredStrategy on R
-logical CPUs vs one device, in one process per R. Usage: ``python objective_replicas.py R [all]``; prints one JSON
-line of relative differences.
+logical CPUs vs one device, every R in one process (R logical CPUs of max R). Usage:
+``python objective_replicas.py R [R ...] [all]``; prints one JSON line of relative differences per R.
 
 ``objective``: for every registered loss, the replicated dense path: Σ_r (share_r) = L and the replicas' embedding
 gradients (through all_gather) = the one-device gradients of L. For the softmax family also tiled, sharded and
@@ -23,14 +23,14 @@ import os
 import sys
 
 os.environ["TF_USE_LEGACY_KERAS"] = "1"
-REPLICAS = int(sys.argv[1]) if len(sys.argv) > 1 else 2
-EVERY_CHECK = "all" in sys.argv[2:] or REPLICAS != 4  # R = 4 checks the subset AT_FOUR
+REPLICA_COUNTS = [int(a) for a in sys.argv[1:] if a.isdigit()] or [2]
+EVERY_CHECK = "all" in sys.argv[1:]  # else R = 4 checks the subset AT_FOUR
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 cpu = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * REPLICAS)
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * max(REPLICA_COUNTS))
 
 from replica_paths import AT_FOUR, FAMILY_PATHS, GRAPH_TOO, SIGLIP_PATHS, family_with_every_path  # noqa: E402  (this file's folder: sys.path[0])
 
@@ -74,7 +74,7 @@ def one_device(objective, scale):
 def replicas(strategy, make, graph=False):
     with strategy.scope():
         objective, scale = make()
-    split = ROWS // REPLICAS
+    split = ROWS // strategy.num_replicas_in_sync
 
     def rows(array):
         return strategy.experimental_distribute_values_from_function(
@@ -115,9 +115,9 @@ def compare(strategy, make, key):
     return out
 
 
-def here(key: str) -> bool:
-    """Whether this process checks ``key`` (module docstring): every key at R = 2, ``AT_FOUR`` at R = 4."""
-    return EVERY_CHECK or key in AT_FOUR
+def here(key: str, replicas: int) -> bool:
+    """Whether ``key`` is checked at R = ``replicas`` (module docstring): every key at R = 2, ``AT_FOUR`` at R = 4."""
+    return EVERY_CHECK or replicas != 4 or key in AT_FOUR
 
 
 def check_objective(strategy):
@@ -125,7 +125,7 @@ def check_objective(strategy):
     results = {}
     for name in losses.available():
         key = f"{name}/replicated"
-        if not here(key):
+        if not here(key, strategy.num_replicas_in_sync):
             continue
         bias = -10.0 if losses.lookup(name).has_logit_bias else None  # SigLIP: b is the objective's, like λ
         loss = build_loss(LossConfig(name=name), ModelConfig(logit_bias=bias))
@@ -135,7 +135,7 @@ def check_objective(strategy):
     for name in family_with_every_path():  # MixedSoftmax is dense only, covered above
         for partition, tile, bidirectional, learn in FAMILY_PATHS:
             key = f"{name}/{partition}/tile{tile}/bi{int(bidirectional)}/learn{int(learn)}"
-            if not here(key):
+            if not here(key, strategy.num_replicas_in_sync):
                 continue
             kwargs = {"bidirectional": bidirectional}
             loss = build_loss(LossConfig(name=name, kwargs=kwargs), ModelConfig(learn_logit_scale=learn))
@@ -149,7 +149,7 @@ def check_objective(strategy):
     siglip = build_loss(LossConfig(name="SigmoidLoss"), learned)
     for partition, tile in SIGLIP_PATHS:
         key = f"SigmoidLoss/{partition}/tile{tile}/learn1"
-        if not here(key):
+        if not here(key, strategy.num_replicas_in_sync):
             continue
 
         def make(partition=partition, tile=tile):
@@ -288,13 +288,17 @@ def check_sharded(strategy):
 
 
 def main():
-    seed_everything(0, deterministic=False)  # the same initial weights in every run (after the logical devices)
-    strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(REPLICAS)])
-    assert strategy.num_replicas_in_sync == REPLICAS
     # GRAPH_TOO's graphs run once: Grappler's rewrites (value-preserving) cost more than they save
     tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
-    result = {"replicas": REPLICAS, "results": check_objective(strategy), "losses": check_sharded(strategy)}
-    print(json.dumps(result))
+    for replicas in REPLICA_COUNTS:
+        seed_everything(0, deterministic=False)  # the same initial weights at every R (after the logical devices)
+        # a strategy per R in one process: their collectives need distinct group keys (TensorFlow's own tests set
+        # this class attribute for the same reason; by default every MirroredStrategy starts at group key 1)
+        tf.distribute.MirroredStrategy._collective_key_base = 10_000 * replicas
+        strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(replicas)])
+        assert strategy.num_replicas_in_sync == replicas
+        result = {"replicas": replicas, "results": check_objective(strategy), "losses": check_sharded(strategy)}
+        print(json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""The objective and the sharded loss under 2 and 4 replicas (MirroredStrategy on logical CPUs, in
-two concurrent subprocesses: objective_replicas.py) equal one device.
+"""The objective and the sharded loss under 2 and 4 replicas (MirroredStrategy on logical CPUs, in one
+subprocess: objective_replicas.py) equal one device.
 
 The objective, for every registered loss on the replicated dense path, and for the softmax family and SigLIP on the
 tiled, sharded and sharded + tiled paths (bidirectional, learned λ and b included): Σ_r share_r = L and the
@@ -28,23 +28,15 @@ REPLICA_COUNTS = (2, 4)
 
 @pytest.fixture(scope="module")
 def results():
-    """Both subprocesses, run concurrently (graph building is mostly single-threaded)."""
+    """One subprocess for every R (four logical CPUs; R = 2 on the first two): {R: (returncode, its JSON line,
+    stderr)}."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(SCRIPT)))
     env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    procs = {}
-    for replicas in REPLICA_COUNTS:
-        procs[replicas] = subprocess.Popen(
-            [sys.executable, SCRIPT, str(replicas)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-    out = {}
-    for replicas, proc in procs.items():
-        stdout, stderr = proc.communicate(timeout=1800)  # reads both pipes while waiting: no full-pipe deadlock
-        out[replicas] = (proc.returncode, stdout, stderr)
-    return out
+    done = subprocess.run(
+        [sys.executable, SCRIPT, *map(str, REPLICA_COUNTS)], capture_output=True, text=True, env=env, timeout=1800
+    )
+    lines = {json.loads(line)["replicas"]: line for line in done.stdout.splitlines() if line.startswith("{")}
+    return {r: (done.returncode, lines.get(r, ""), done.stderr) for r in REPLICA_COUNTS}
 
 
 def _family_and_registered():
