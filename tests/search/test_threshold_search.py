@@ -473,11 +473,12 @@ def test_set_recall_per_query_set_keeps_the_promise(promise_indexes, build, quer
     q = QUERY_SETS[query_set]()
     tau = tau_for_median_hits(q, x, 100)
     truth = [np.flatnonzero(s >= tau) for s in q @ x.T]
-    rows, _, answers = index.answer_threshold_rows(q, tau)
+    rows, scores, answers = index.answer_threshold_rows(q, tau)
     recall = set_recall([np.sort(r) for r in rows], truth)
     assert recall >= index.approximate_set_recall - 0.02, recall
-    for r, s, a in zip(rows, truth, answers, strict=True):
-        assert set(r.tolist()) <= set(s.tolist())
+    for r, sc, s, a in zip(rows, scores, truth, answers, strict=True):
+        assert set(r.tolist()) <= set(s.tolist()) and len(set(r.tolist())) == len(r)  # no item twice
+        assert np.all(np.diff(sc) <= 0)  # by score, descending (exact answers after the approximate attempt too)
         assert a.exact == (a.reason != ts.APPROXIMATE) and (set(r.tolist()) == set(s.tolist()) or not a.exact)
         assert a.set_recall == (1.0 if a.exact else index.approximate_set_recall)
     exact_share = np.mean([a.exact for a in answers])
