@@ -37,12 +37,13 @@ from ce_retrieval.search.threshold import (
     CostModel,
     ThresholdAnswer,
     ThresholdParams,
-    familiarity,
     grow_topk_threshold,
     hit_leaves,
+    missed,
     probe_leaves,
     scann_leaves,
     score_leaves,
+    spread,
 )
 
 EMBEDDINGS_FILE, IDS_FILE, PARTITIONS_FILE, SCANN_DIR = "embeddings.npy", "ids.npy", "partitions.npz", "scann"
@@ -247,27 +248,31 @@ class GalleryIndex(SearchIndex):
             return rows, scores, list(reasons), {}
         found = [rows[i] for i in live]
         have = hit_leaves(self.partitions, found)
-        probe = probe_leaves(self.partitions, queries[live], have, self.probe_leaves)
+        familiar = {name: np.full(len(rows), np.nan) for name in ("spread", "missed")}  # NaN: not measured
+        familiar["spread"][live] = spread(found, have)
+        if checks and "spread" in self.familiar_limits:  # known now: such a query skips the leaf scoring and probe
+            reasons[live[familiar["spread"][live] > self.familiar_limits["spread"]]] = ts.UNFAMILIAR
+        go = np.flatnonzero(reasons[live] == ts.APPROXIMATE)  # positions in `live` still answered approximately
+        found, have = [found[j] for j in go], [have[j] for j in go]
+        probe = probe_leaves(self.partitions, queries[live[go]], have, self.probe_leaves)
         leaves = [np.union1d(h, v) if p.expand_leaves else v for h, v in zip(have, probe, strict=True)]
         if checks:
             sizes = np.diff(self.partitions.offsets)
             items = np.array([sizes[v].sum() for v in leaves], dtype=np.int64)
-            reasons[live[stats["spent"][live] + costs.expansion(items) > costs.exact]] = ts.COST
-        scored = [j for j, i in enumerate(live) if reasons[i] == ts.APPROXIMATE and len(leaves[j])]
+            reasons[live[go[stats["spent"][live[go]] + costs.expansion(items) > costs.exact]]] = ts.COST
+        scored = [j for j, i in enumerate(live[go]) if reasons[i] == ts.APPROXIMATE and len(leaves[j])]
         if scored:
             got_rows, got_scores = score_leaves(
-                queries[live[scored]], tau, [leaves[j] for j in scored], self.embeddings, self.partitions
+                queries[live[go[scored]]], tau, [leaves[j] for j in scored], self.embeddings, self.partitions
             )
             for k, j in enumerate(scored):
-                i = live[j]
+                i = live[go[j]]
                 rows[i], scores[i] = _with_found(got_rows[k], got_scores[k], rows[i], scores[i], p.expand_leaves)
-        familiar = {}  # NaN where the rounds did not answer
-        for name, values in familiarity(self.partitions, found, have, probe, [rows[i] for i in live]).items():
-            familiar[name] = np.full(len(rows), np.nan)
-            familiar[name][live] = values
-        if checks:
-            for name, limit_ in self.familiar_limits.items():
-                reasons[(reasons == ts.APPROXIMATE) & (familiar[name] > limit_)] = ts.UNFAMILIAR
+        familiar["missed"][live[go]] = missed(self.partitions, found, probe, [rows[i] for i in live[go]])
+        if checks and "missed" in self.familiar_limits:
+            reasons[(reasons == ts.APPROXIMATE) & (familiar["missed"] > self.familiar_limits["missed"])] = (
+                ts.UNFAMILIAR_MISSED
+            )
         redo = np.flatnonzero((reasons != ts.APPROXIMATE) & ~stats["exact"])
         if len(redo):
             got_rows, got_scores = self._exact_threshold(queries[redo], tau)

@@ -177,11 +177,32 @@ def _plan_hits(plan: str, what, q: np.ndarray, gallery: np.ndarray, offsets, thr
     hit_q, hit_row, hit_s, scored = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], [np.zeros(0, np.float32)], 0
     for qi, block, where in _blocks(plan, what, q, gallery, offsets):
         scored += block.size
-        bi, ri = np.nonzero(block >= threshold)
+        bi, ri, hs = cut_at(block, threshold)
         hit_q.append(qi[bi])
         hit_row.append(where[ri])
-        hit_s.append(block[bi, ri])
+        hit_s.append(hs)
     return np.concatenate(hit_q), np.concatenate(hit_row), np.concatenate(hit_s), scored
+
+
+def cut_at(block: np.ndarray, threshold: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(rows, columns, scores)`` of the entries of a score block ``>= threshold``, row-major (``np.nonzero``'s
+    order).
+
+    A threshold query keeps a few entries of each block (hits / n of them), and comparing and compacting every
+    entry costs about a third of the block's product (d = 128). The columns' maxima (a reduction over contiguous
+    rows, vectorised; NaN ignored) say which columns hold a hit; only those are compared and compacted. Measured
+    at 1M x 128, 200 queries, 2 workers: the scan's product 0.41 s, with the full cut 0.54 s, with this cut
+    0.39-0.41 s. Where many columns hold a hit (a low threshold) the full cut is cheaper than the gather and is
+    used."""
+    if block.size == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, block.dtype)
+    columns = np.flatnonzero(np.fmax.reduce(block, axis=0) >= threshold)  # fmax: a NaN entry hides no hit
+    if 4 * len(columns) > block.shape[1]:
+        bi, ri = np.nonzero(block >= threshold)
+        return bi, ri, block[bi, ri]
+    sub = block[:, columns]
+    bi, ci = np.nonzero(sub >= threshold)
+    return bi, columns[ci], sub[bi, ci]
 
 
 _BLAS = ThreadpoolController()  # inspects the loaded BLAS libraries once (a new one per call costs milliseconds)
@@ -201,9 +222,8 @@ def scan_hits(queries: np.ndarray, gallery: np.ndarray, threshold: float) -> tup
     starts = range(0, len(gallery), _SCAN_BLOCK_ROWS)
 
     def work(s: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        block = queries @ gallery[s : s + _SCAN_BLOCK_ROWS].T
-        bi, ri = np.nonzero(block >= threshold)
-        return bi, ri + s, block[bi, ri]
+        bi, ri, hs = cut_at(queries @ gallery[s : s + _SCAN_BLOCK_ROWS].T, threshold)
+        return bi, ri + s, hs
 
     if min(SCAN_WORKERS, len(starts)) <= 1:
         got = [work(s) for s in starts]

@@ -85,10 +85,12 @@ __all__ = [
     "grow_topk_threshold",
     "familiarity",
     "merge_answers",
+    "missed",
     "probe_leaves",
     "score_leaves",
     "set_recall",
     "set_recall_lower_bound",
+    "spread",
     "tune_threshold_params",
 ]
 
@@ -130,12 +132,13 @@ class ThresholdParams:
 # Cost model (module docstring), in units of one (query, item) product of the batched exact scan
 # (``partitions.scan_hits``): benchmarks/serving/threshold_cost_model.py, record threshold_cost_model.md.
 BUDGET = 0.5  # of an exact search: the rounds a query may spend before it is answered exactly
-# measured at 1M (threshold_cost_model.md: a least-squares fit over 16 ScaNN settings, batches of 200 and of 1; the
-# fixed part per ScaNN call it leaves, 0 to 6,300, is below a round's 100,000 and more, and left out)
-SCAN_READ = 7.0  # reading one gallery item, once per batch: a one-query scan costs (1 + SCAN_READ) per item
-QUANTISED_ITEM = 0.4  # an item of a searched ScaNN leaf: 64 4-bit table look-ups (d = 128, 2 dims a block)
-RESCORED_ITEM = 35.0  # a candidate ScaNN re-scores exactly and returns (gathered product, top-k, the result arrays)
-EXPANDED_ITEM = 15.0  # a member of an expanded or probed partition leaf (gathered, scored without BLAS)
+# measured at 1M, alone on 2 cores (threshold_cost_model.md: a least-squares fit over 16 ScaNN settings, batches
+# of 200 and of 1; the fixed part per ScaNN call it leaves is 0 there). The scan's cut at tau (``partitions.cut_at``)
+# made the unit 2.9x smaller than the loaded first measurement's, so every step costs more scan products than then.
+SCAN_READ = 11.0  # reading one gallery item, once per batch: a one-query scan costs (1 + SCAN_READ) per item
+QUANTISED_ITEM = 1.0  # an item of a searched ScaNN leaf: 64 4-bit table look-ups (d = 128, 2 dims a block)
+RESCORED_ITEM = 85.0  # a candidate ScaNN re-scores exactly and returns (gathered product, top-k, the result arrays)
+EXPANDED_ITEM = 40.0  # a member of an expanded or probed partition leaf (gathered, scored without BLAS)
 SPREAD_PRIOR = 10.0  # found hits added to the statistics' denominator: a query with few hits is not called unlike
 FAMILIAR_QUANTILE = 0.995  # tuning queries' quantile of each statistic past which a query counts as unlike them
 PROBE_LEAVES = 4  # leaves of highest mean score holding no found hit, scored for every approximate answer
@@ -191,6 +194,10 @@ ASKED = "exact search asked for"
 INDEX_EXACT = "exact: the index has no measured approximate search"
 COST = "exact: growing top-k would cost more than a scan"
 UNFAMILIAR = "exact: the hits found spread over more leaves than the tuning queries' (a query unlike them)"
+UNFAMILIAR_MISSED = (
+    "exact: the probe leaves held more hits the rounds missed than the tuning queries' did (a query unlike them)"
+)
+UNFAMILIAR_BY = {"spread": UNFAMILIAR, "missed": UNFAMILIAR_MISSED}  # the familiarity statistic -> its reason
 APPROXIMATE = "approximate"
 UNCHECKED = (
     "approximate, unchecked: the index has no threshold partitions, so a query unlike the tuning queries is not "
@@ -218,15 +225,26 @@ def merge_answers(answers: list[ThresholdAnswer]) -> ThresholdAnswer:
 def familiarity(
     partitions: BallPartitions, found: list[np.ndarray], have: list[np.ndarray], probe: list[np.ndarray], rows
 ) -> dict[str, np.ndarray]:
-    """The two statistics of the familiarity check (module docstring), per query: ``spread`` = leaves ``have``
-    holding the ``found`` hits / (found + SPREAD_PRIOR), and ``missed`` = hits among the final ``rows`` that lie in
-    the ``probe`` leaves (which held no found hit) / (found + SPREAD_PRIOR)."""
+    """The two statistics of the familiarity check (module docstring), per query: ``spread`` (:func:`spread`) and
+    ``missed`` (:func:`missed`)."""
+    return {"spread": spread(found, have), "missed": missed(partitions, found, probe, rows)}
+
+
+def spread(found: list[np.ndarray], have: list[np.ndarray]) -> np.ndarray:
+    """Per query, the leaves ``have`` holding the ``found`` hits / (found + SPREAD_PRIOR). Known as soon as the
+    rounds end: a query past its limit is answered exactly without the leaf scoring and the probe."""
     denominator = np.array([len(f) for f in found], dtype=np.float64) + SPREAD_PRIOR
-    missed = [np.isin(leaf_of_rows(partitions, r), v).sum() for r, v in zip(rows, probe, strict=True)]
-    return {
-        "spread": np.array([len(v) for v in have], dtype=np.float64) / denominator,
-        "missed": np.array(missed, dtype=np.float64) / denominator,
-    }
+    return np.array([len(v) for v in have], dtype=np.float64) / denominator
+
+
+def missed(
+    partitions: BallPartitions, found: list[np.ndarray], probe: list[np.ndarray], rows: list[np.ndarray]
+) -> np.ndarray:
+    """Per query, the hits among the final ``rows`` that lie in the ``probe`` leaves (which held no found hit) /
+    (found + SPREAD_PRIOR)."""
+    denominator = np.array([len(f) for f in found], dtype=np.float64) + SPREAD_PRIOR
+    counts = [np.isin(leaf_of_rows(partitions, r), v).sum() for r, v in zip(rows, probe, strict=True)]
+    return np.array(counts, dtype=np.float64) / denominator
 
 
 def probe_leaves(

@@ -15,6 +15,7 @@ from export_fixtures import clustered_unit_vectors
 from benchmarks.common.galleries import clustered
 from ce_retrieval.build.index import BuildConfig, build_index, write_index_folder
 from ce_retrieval.build.tuning import GALLERY_ITEMS_MISS_FACTOR
+from ce_retrieval.search import gallery as gallery_module
 from ce_retrieval.search import layout
 from ce_retrieval.search import threshold as ts
 from ce_retrieval.search.gallery import GalleryIndex
@@ -501,7 +502,8 @@ def test_answers_are_flagged_per_query_and_merge_over_shards(promise_indexes, mo
         _, _, got[name] = index.answer_threshold(q, tau_for_median_hits(q, promise_indexes["x"], 100))
     approx = ThresholdAnswer(False, index.approximate_set_recall, ts.APPROXIMATE)
     assert got["gallery_clusters"].count(approx) >= 15
-    assert got["other_clusters"].count(ThresholdAnswer(True, 1.0, ts.UNFAMILIAR)) >= 10
+    unlike = [ThresholdAnswer(True, 1.0, r) for r in (ts.UNFAMILIAR, ts.UNFAMILIAR_MISSED)]
+    assert sum(got["other_clusters"].count(a) for a in unlike) >= 10
     _, _, asked = index.answer_threshold(q, 0.5, exact=True)
     assert asked == [ThresholdAnswer(True, 1.0, ts.ASKED)] * len(q)
     exact = asked[0]
@@ -515,6 +517,44 @@ def test_answers_are_flagged_per_query_and_merge_over_shards(promise_indexes, mo
     result = QueryResult(np.array([1]), np.array([0.5], np.float32), [None], answer=approx)
     assert result.to_json()["answer"] == {"exact": False, "set_recall": approx.set_recall, "reason": ts.APPROXIMATE}
     assert "answer" not in QueryResult(np.array([1]), np.array([0.5], np.float32), [None]).to_json()  # top-k
+
+
+def test_a_query_whose_hits_spread_skips_the_leaf_scoring_and_the_probe(promise_indexes, monkeypatch):
+    """The spread verdict is known when the rounds end: a query past its limit goes to the exact search without
+    paying the leaf scoring and the probe first (they cost queries unlike the gallery's a tenth of a scan)."""
+    free_rounds(monkeypatch)
+    index = promise_indexes["given"]["index"]
+    q = QUERY_SETS["other_clusters"]()[:20]
+    tau = tau_for_median_hits(q, promise_indexes["x"], 100)
+    seen = {"probe": 0, "scored": 0}
+    real_probe, real_score = gallery_module.probe_leaves, gallery_module.score_leaves
+
+    def probe(parts, queries, *a, **kw):
+        seen["probe"] += len(queries)
+        return real_probe(parts, queries, *a, **kw)
+
+    def score(queries, *a, **kw):
+        seen["scored"] += len(queries)
+        return real_score(queries, *a, **kw)
+
+    _, _, _, unchecked = index.approximate_threshold_rows(q, tau, index.threshold_params, checks=False)
+    assert np.isfinite(unchecked["missed"]).all()  # without checks (the tuning) every statistic is measured
+    # on this small gallery the probe is what tells other clusters (missed); a limit at the median spread makes
+    # half of them spread out, and those must not reach the probe or the leaf scoring
+    limit = float(np.median(unchecked["spread"]))
+    monkeypatch.setitem(index.familiar_limits, "spread", limit)
+    monkeypatch.setattr(gallery_module, "probe_leaves", probe)
+    monkeypatch.setattr(gallery_module, "score_leaves", score)
+    rows, _, reasons, familiar = index.approximate_threshold_rows(q, tau, index.threshold_params)
+    np.testing.assert_array_equal(familiar["spread"], unchecked["spread"])
+    spread_out = familiar["spread"] > limit
+    assert spread_out.sum() >= 5 and reasons.count(ts.UNFAMILIAR) == spread_out.sum()
+    assert seen["probe"] == seen["scored"] == len(q) - spread_out.sum()
+    assert np.isnan(familiar["missed"][spread_out]).all() and np.isfinite(familiar["missed"][~spread_out]).all()
+    truth = [np.flatnonzero(s >= tau) for s in q @ np.asarray(index.embeddings).T]
+    for r, t, why in zip(rows, truth, reasons, strict=True):
+        if why == ts.UNFAMILIAR:
+            assert np.array_equal(np.sort(r), t)  # answered exactly
 
 
 def test_manifests_before_the_checks_load_without_them():
