@@ -211,8 +211,8 @@ def _scann(x: np.ndarray, ids: np.ndarray, folder: str, queries, thresholds, con
     partitions = None
     if config.threshold_partitions:
         partition_leaves = min(max(n // PARTITION_LEAF_ITEMS, p.num_leaves), MAX_PARTITION_LEAVES)
-        order, partitions = build_partitions(x, partition_leaves, seed=config.seed)
-        x, ids = np.ascontiguousarray(x[order]), ids[order]
+        order, partitions, x = build_partitions(x, partition_leaves, seed=config.seed, ordered=True)
+        ids = ids[order]
         partitions.save(os.path.join(folder, PARTITIONS_FILE))
     phase("threshold_partitions")
     searcher = build_scann(x, p)
