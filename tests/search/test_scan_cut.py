@@ -1,6 +1,6 @@
 """The scan's cut at tau (``partitions.cut_at``): the same entries, in the same order, as ``np.nonzero`` of the
-whole block, on both of its paths (few hit columns: column maxima first; many: the plain cut), with NaN entries
-and empty blocks."""
+whole block, on each of its paths (few hit columns: column maxima first; many, or a block of at most 4,096 scores:
+the plain cut), with NaN entries and empty blocks."""
 
 import numpy as np
 import pytest
@@ -23,7 +23,7 @@ def test_cut_equals_nonzero(shape, tau):
 
 
 def test_cut_takes_the_column_path_and_keeps_ties_and_ignores_nan():
-    block = np.zeros((5, 1000), np.float32)
+    block = np.zeros((5, 1000), np.float32)  # 5,000 scores: past the small-block cut
     block[3, 10] = 0.5  # a tie at tau
     block[0, 700] = 0.9
     block[1, 700] = np.nan  # a NaN beside a hit in its column must not hide the hit
