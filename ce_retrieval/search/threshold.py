@@ -59,7 +59,9 @@ Two per-query checks keep the approximate search from losing to the exact one (i
   ``PROBE_LEAVES`` leaves of highest mean score that held no found hit (:func:`probe_leaves`, scored exactly for
   every approximate answer, their hits kept); hits there are hits the rounds missed, which happens where the
   quantised scores mislead (queries far from the gallery's clusters). Past the ``FAMILIAR_QUANTILE`` of the
-  tuning queries' values of either (``familiar`` in the manifest) the query is answered exactly.
+  tuning queries' values of either (``familiar`` in the manifest) the query is answered exactly. The spread is
+  known when the rounds end, so a query past its limit skips the leaf scoring and the probe (``UNFAMILIAR``); the
+  probe's verdict comes after them (``UNFAMILIAR_MISSED``).
 
 Each query's answer says which path made it (:class:`ThresholdAnswer`): exact, or approximate with the set recall
 measured on the tuning queries the index answered approximately.
