@@ -119,7 +119,7 @@ def tune_threshold_search(
       ``target`` against exact search at each calibrated threshold and at the threshold where the median query
       has 100 hits (so a figure exists even when the calibrated thresholds admit no item of this gallery);
     * ``familiar``: the ``FAMILIAR_QUANTILE`` of the tuning queries' familiarity statistics at those parameters
-      (``threshold.familiarity``), the limits of the per-query check;
+      (``threshold.spread``, ``threshold.missed``), the limits of the per-query check;
     * ``served``: the search as it answers (cost model and familiarity check on) on the same queries: set recall,
       the share answered exactly, and the set recall of the answers given approximately (the figure each such
       answer carries)."""

@@ -52,7 +52,7 @@ Two per-query checks keep the approximate search from losing to the exact one (i
   without a round. ``BUDGET`` < 1 trades the queries that would have finished between ``BUDGET`` and 1 exact
   search (answered exactly instead, at 1 to 1 + ``BUDGET``) for a lower worst case: measured at 200k, where the
   tuned first round cost 0.9 of a scan, ``BUDGET`` = 1 let half the queries pay that round and then the scan.
-* **Familiarity** (:func:`familiarity`): two statistics of what the rounds found, each over (found +
+* **Familiarity** (:func:`spread`, :func:`missed`): two statistics of what the rounds found, each over (found +
   SPREAD_PRIOR). ``spread``: the partition leaves holding the found hits; small when the hits share leaves (the
   expansion then recovers the rest), near 1 when each lies in its own leaf (queries unlike the gallery's, whose
   hits the expansion cannot reach: ``benchmarks/results/threshold_leaves.md``). ``missed``: the hits in the
@@ -85,7 +85,6 @@ __all__ = [
     "ThresholdParams",
     "expand_to_leaves",
     "grow_topk_threshold",
-    "familiarity",
     "merge_answers",
     "missed",
     "probe_leaves",
@@ -199,7 +198,6 @@ UNFAMILIAR = "exact: the hits found spread over more leaves than the tuning quer
 UNFAMILIAR_MISSED = (
     "exact: the probe leaves held more hits the rounds missed than the tuning queries' did (a query unlike them)"
 )
-UNFAMILIAR_BY = {"spread": UNFAMILIAR, "missed": UNFAMILIAR_MISSED}  # the familiarity statistic -> its reason
 APPROXIMATE = "approximate"
 UNCHECKED = (
     "approximate, unchecked: the index has no threshold partitions, so a query unlike the tuning queries is not "
@@ -224,19 +222,10 @@ def merge_answers(answers: list[ThresholdAnswer]) -> ThresholdAnswer:
     )
 
 
-def familiarity(
-    partitions: BallPartitions, found: list[np.ndarray], have: list[np.ndarray], probe: list[np.ndarray], rows
-) -> dict[str, np.ndarray]:
-    """The two statistics of the familiarity check (module docstring), per query: ``spread`` (:func:`spread`) and
-    ``missed`` (:func:`missed`)."""
-    return {"spread": spread(found, have), "missed": missed(partitions, found, probe, rows)}
-
-
 def spread(found: list[np.ndarray], have: list[np.ndarray]) -> np.ndarray:
     """Per query, the leaves ``have`` holding the ``found`` hits / (found + SPREAD_PRIOR). Known as soon as the
     rounds end: a query past its limit is answered exactly without the leaf scoring and the probe."""
-    denominator = np.array([len(f) for f in found], dtype=np.float64) + SPREAD_PRIOR
-    return np.array([len(v) for v in have], dtype=np.float64) / denominator
+    return np.array([len(v) for v in have], dtype=np.float64) / _found_prior(found)
 
 
 def missed(
@@ -244,9 +233,13 @@ def missed(
 ) -> np.ndarray:
     """Per query, the hits among the final ``rows`` that lie in the ``probe`` leaves (which held no found hit) /
     (found + SPREAD_PRIOR)."""
-    denominator = np.array([len(f) for f in found], dtype=np.float64) + SPREAD_PRIOR
     counts = [np.isin(leaf_of_rows(partitions, r), v).sum() for r, v in zip(rows, probe, strict=True)]
-    return np.array(counts, dtype=np.float64) / denominator
+    return np.array(counts, dtype=np.float64) / _found_prior(found)
+
+
+def _found_prior(found: list[np.ndarray]) -> np.ndarray:
+    """The familiarity statistics' denominator: each query's found hits + SPREAD_PRIOR."""
+    return np.array([len(f) for f in found], dtype=np.float64) + SPREAD_PRIOR
 
 
 def probe_leaves(

@@ -26,10 +26,10 @@ from ce_retrieval.search.threshold import (
     ThresholdParams,
     default_threshold_params,
     expand_to_leaves,
-    familiarity,
     grow_topk_threshold,
     leaf_of_rows,
     merge_answers,
+    missed,
     probe_leaves,
     set_recall,
     tau_for_median_hits,
@@ -578,8 +578,7 @@ def test_probe_leaves_are_the_best_leaves_without_a_found_hit():
     assert probe[1].tolist() == sorted(best[1][:4].tolist()) and probe[2].size == 0
     found = [np.array([0, 1]), np.zeros(0, np.int64), np.zeros(0, np.int64)]
     rows = [union_rows(parts, probe[0])[:5], np.zeros(0, np.int64), np.zeros(0, np.int64)]
-    stats = familiarity(parts, found, [leaf_of_rows(parts, f) for f in found], probe, rows)
-    assert stats["missed"].tolist() == [5 / 12, 0.0, 0.0]
+    assert missed(parts, found, probe, rows).tolist() == [5 / 12, 0.0, 0.0]
 
 
 def test_a_build_without_threshold_partitions(tmp_path, monkeypatch):
