@@ -181,18 +181,14 @@ def _doc(regime, family, label, objective, seed, result, seconds, extra) -> dict
 
 
 def choose_scale(plan: Plan, objective, features: dict, seed: int = 0) -> tuple[float, list[dict]]:
-    """The λ of ``plan.scales`` whose heads score best on the validation split (PR-AUC + t->i R@1), and the sweep.
+    """The λ of ``plan.scales`` whose heads score best on the validation split, and the sweep
+    (``scale_choice.choose_scale`` at the plan's batch, steps and compilation; the test split is never read)."""
+    from benchmarks.quality.scale_choice import choose_scale as choose
 
-    The test split is never read: the runs get the features without their ``test_*`` arrays."""
-    if not plan.scales or objective.learned_scale_bias:
-        return so.SCALE, []
-    val_only = {k: v for k, v in features.items() if not k.startswith("test_")}
-    sweep = []
-    for scale in plan.scales:
-        out, _ = _train_heads(plan, objective, val_only, seed, scale, eval_every=plan.heads_steps, selection=True)
-        sweep.append({"scale": float(scale), **out["val"], "score": out["val"]["pr_auc"] + out["val"]["t2i_r1"]})
-    best = max(sweep, key=lambda r: r["score"])
-    return best["scale"], sweep
+    batch = min(plan.heads_batch, len(features["train_text_ids"]))
+    return choose(
+        objective, features, plan.scales, seed=seed, batch=batch, steps=plan.heads_steps, jit_compile=plan.jit_compile
+    )
 
 
 def _train_heads(plan: Plan, objective, features: dict, seed: int, scale: float, **kwargs) -> tuple[dict, list]:

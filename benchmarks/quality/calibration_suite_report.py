@@ -1,8 +1,8 @@
 """The calibration suite's record: ``suite.json``, ``suite.md`` (a table per regime and family) and a plot per family.
 
-Each cell is the mean ± sample sd over seeds; for every objective other than SS, the paired difference to SS
-(mean over seeds of objective − SS, same seed) and its two-sided paired t-test p-value
-(``ce_retrieval.evaluation.report.paired_difference``, ``scipy.stats.ttest_rel``). Figures are percentages
+Each cell is the mean ± sample sd over runs; for every objective other than SS, the paired difference to SS
+(same feature draw and seed) and its two-sided p-value, with the feature draw as the unit where there are several
+(``pairing.paired_by_draw``). Figures are percentages
 except OPIS (as measured, ×100). A column that no run has (e.g. OPIS before the metric exists) says so. Recall at
 guaranteed precision p: the test recall at the threshold guaranteed on val (confidence 0.9) for precision p on the
 test gallery, 0 where the level was refused (``evaluation.promise_check``).
@@ -15,6 +15,7 @@ import os
 import numpy as np
 
 from benchmarks.common.records import write_record
+from benchmarks.quality.pairing import paired_by_draw, run_unit
 
 COLUMNS = (
     ("PR-AUC", "pr_auc"),
@@ -41,43 +42,6 @@ def _values(docs, key):
     return [d["summary"].get(key) for d in docs if d["summary"].get(key) is not None]
 
 
-def _unit(doc: dict) -> tuple:
-    """A run's pairing key: (feature draw, seed); runs with the same key share initial weights and batches."""
-    train = doc["config"]["train"]
-    return (train.get("feature_draw", 0), train["seed"])
-
-
-def paired_by_draw(docs_a: list, docs_b: list, key: str) -> dict | None:
-    """``a − b`` on ``key`` paired by (feature draw, seed). With several draws the draw is the unit: the per-draw
-    mean differences (over seeds) are tested against 0 (one-sample t-test, n = draws) and their sd is the spread
-    between draws; with one draw the seeds are the units (paired t-test). ``{"diff", "sd", "p", "units", "by",
-    "seed_sd"}`` or None without pairs."""
-    from scipy import stats
-
-    b = {_unit(d): d["summary"].get(key) for d in docs_b}
-    diffs: dict = {}
-    for d in docs_a:
-        u, va = _unit(d), d["summary"].get(key)
-        if va is not None and b.get(u) is not None:
-            diffs.setdefault(u[0], []).append(va - b[u])
-    if not diffs:
-        return None
-    by_draw = len(diffs) > 1
-    units = np.asarray([np.mean(v) for v in diffs.values()] if by_draw else next(iter(diffs.values())))
-    within = [np.std(v, ddof=1) for v in diffs.values() if len(v) > 1]
-    p = None
-    if len(units) > 1 and np.std(units) > 0:
-        p = float(stats.ttest_1samp(units, 0.0).pvalue)
-    return {
-        "diff": float(units.mean()),
-        "sd": float(units.std(ddof=1)) if len(units) > 1 else None,
-        "p": p,
-        "units": len(units),
-        "by": "feature draw" if by_draw else "seed",
-        "seed_sd": float(np.mean(within)) if within else None,
-    }
-
-
 def table_rows(by_objective: dict, baseline: str = "SS") -> list[dict]:
     """One row per objective: ``{"objective", "scale", key: {"mean", "sd", "n", "diff", "diff_sd", "p", "pairs",
     "by"}}`` (diff/p vs ``baseline``, :func:`paired_by_draw`)."""
@@ -87,7 +51,7 @@ def table_rows(by_objective: dict, baseline: str = "SS") -> list[dict]:
         scales = sorted(
             {d["config"]["train"].get("scale") for d in docs if d["config"]["train"].get("scales")} - {None}
         )
-        row = {"objective": name, "units": sorted(_unit(d) for d in docs), "scale": scales[0] if scales else None}
+        row = {"objective": name, "units": sorted(run_unit(d) for d in docs), "scale": scales[0] if scales else None}
         row["seeds"] = sorted({u[1] for u in row["units"]})
         row["draws"] = sorted({u[0] for u in row["units"]})
         for _, key in COLUMNS:

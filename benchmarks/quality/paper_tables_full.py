@@ -71,6 +71,14 @@ def main(args) -> int:
     from benchmarks.quality.paper_tables import PAPER_LOSSES
     from ce_retrieval.evaluation.report import format_markdown, load_results
 
+    args.losses = args.losses or list(PAPER_LOSSES)
+    not_paper = [loss for loss in args.losses if loss not in PAPER_LOSSES]
+    if not_paper or args.draws or args.scales:
+        raise SystemExit(
+            "--full trains the paper's six losses at λ 20 end to end; "
+            + (f"{', '.join(not_paper)} and " if not_paper else "")
+            + "feature draws and λ choice are the frozen-feature table's (drop --full)"
+        )
     seeds = args.seeds or 5
     steps = args.steps or 5000
     paths = [

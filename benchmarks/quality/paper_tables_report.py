@@ -8,8 +8,9 @@ import os
 import numpy as np
 
 from benchmarks.common.records import write_json, write_markdown
+from benchmarks.quality.pairing import paired_by_draw
 from ce_retrieval.evaluation import plots
-from ce_retrieval.evaluation.report import format_markdown, paired_difference
+from ce_retrieval.evaluation.report import format_markdown
 from ce_retrieval.evaluation.transfer import reliability_curve
 
 _PAIRED = [
@@ -21,7 +22,43 @@ _PAIRED = [
     ("mean_calibration_error", "mean calibration error (points)", 100),
     ("relative_threshold_spread", "relative spread of per-query thresholds", 1),
 ]
-_PAIRS = [("CrossExampleSoftmax", "SampledSoftmax"), ("CrossExampleNegativeMining", "StochasticNegativeMining")]
+_BASELINE = "SampledSoftmax"
+# Every objective against Sampled Softmax, the paper's mining pair, and Cross-Example Softmax against the two
+# objectives a user would otherwise pick today.
+_EXTRA_PAIRS = [
+    ("CrossExampleNegativeMining", "StochasticNegativeMining"),
+    ("CrossExampleSoftmax", "SymmetricInfoNCE"),
+    ("CrossExampleSoftmax", "SigLIP"),
+]
+
+
+def _pairs(labels) -> list[tuple]:
+    pairs = [(a, _BASELINE) for a in labels if a != _BASELINE and _BASELINE in labels]
+    return pairs + [(a, b) for a, b in _EXTRA_PAIRS if a in labels and b in labels]
+
+
+def _scale_lines(docs: dict, scales: dict) -> list[str]:
+    """The temperature each objective ran at: λ chosen on validation (with the sweep's validation scores), the
+    fixed λ, or the learned t and b (mean over runs at the end of training)."""
+    lines = ["## Temperature per objective", "", "| objective | λ | how | validation PR-AUC + R@1 per candidate |"]
+    lines.append("|---|---:|---|---|")
+    for label, runs in docs.items():
+        learned = [r["config"]["train"].get("learned") or {} for r in runs]
+        if learned and learned[0]:
+            names = sorted(learned[0])
+            means = {k: float(np.mean([m[k] for m in learned])) for k in names}
+            t = np.exp(means["log_temperature"]) if "log_temperature" in means else None
+            how = "learned: t " + (f"{t:.2f}" if t is not None else "?") + f", b {means.get('logit_bias', 0):.2f}"
+            lines.append(f"| {label} | – | {how} (init 10, −10; mean over runs) | not swept |")
+            continue
+        choice = scales.get(label, {})
+        sweep = choice.get("sweep") or []
+        cells = ", ".join(f"λ {r['scale']:g}: {100 * r['score']:.1f}" for r in sweep) or "–"
+        how = "chosen on validation (draw 0, seed 0)" if sweep else "fixed"
+        lines.append(
+            f"| {label} | {choice.get('scale', runs[0]['config']['train'].get('scale')):g} | {how} | {cells} |"
+        )
+    return lines + [""]
 
 
 def _mean_std(values):
@@ -95,28 +132,50 @@ def _sweep_table(rows: list[dict], name: str) -> list[str]:
     return out
 
 
-def write(out: str, docs: dict, sweeps: dict, plan, minutes: float, seconds: dict) -> list[str]:
+def write(
+    out: str,
+    docs: dict,
+    sweeps: dict,
+    plan,
+    minutes: float,
+    seconds: dict,
+    scales: dict | None = None,
+    machine: dict | None = None,
+) -> list:
     results = [d for runs in docs.values() for d in runs]
     files = [plot_curves(docs, os.path.join(out, "curves.png"))]
-    lines = ["## Table (test split; mean ± std over seeds)", "", format_markdown(results), ""]
+    draws = getattr(plan, "draws", 1)
+    over = f"{draws} feature draws × {plan.seeds} seeds" if draws > 1 else f"{plan.seeds} seeds"
+    lines = []
+    if machine:
+        lines += [
+            f"Machine: {machine['cpu']}, {machine['cores']} cores; load average (1 min) {machine['load_min']:.2f}–"
+            f"{machine['load_max']:.2f} during the run (samples {machine['load_samples']}); {machine['date']}.",
+            "",
+        ]
+    lines += [f"## Table (test split; mean ± std over {over})", "", format_markdown(results), ""]
+    lines += _scale_lines(docs, scales or {})
     paired = {}
+    unit = "feature draw (mean over its seeds; one-sample t-test)" if draws > 1 else "seed (paired t-test)"
     lines += [
-        "## Paired differences (same seed = same initial heads and batch order)",
+        f"## Paired differences (same draw and seed = same features, initial heads and batch order; unit: {unit})",
         "",
-        "| comparison | figure | mean difference | std | n | p (paired t-test) |",
-        "|---|---|---:|---:|---:|---:|",
+        "| comparison | figure | mean difference | sd between units | n | p | per draw | sd within a draw |",
+        "|---|---|---:|---:|---:|---:|---|---:|",
     ]
-    for a, b in _PAIRS:
-        if a in docs and b in docs:
-            for key, label, scale in _PAIRED:
-                d = paired_difference(results, a, b, key)
-                paired[f"{a}-{b}:{key}"] = d
-                if d["n"]:
-                    p = "-" if d["p_value"] is None else f"{d['p_value']:.2g}"
-                    lines.append(
-                        f"| {a} − {b} | {label} | {scale * d['mean']:+.3f} "
-                        f"| {scale * (d['std'] or 0):.3f} | {d['n']} | {p} |"
-                    )
+    for a, b in _pairs(list(docs)):
+        for key, label, scale in _PAIRED:
+            d = paired_by_draw(docs[a], docs[b], key)
+            if d is None:
+                continue
+            paired[f"{a}-{b}:{key}"] = d
+            p = "-" if d["p"] is None else f"{d['p']:.2g}"
+            per_draw = ", ".join(f"{scale * v:+.2f}" for v in d["draw_diffs"].values()) if draws > 1 else "–"
+            within = "–" if d["seed_sd"] is None else f"{scale * d['seed_sd']:.3f}"
+            lines.append(
+                f"| {a} − {b} | {label} | {scale * d['diff']:+.3f} | {scale * (d['sd'] or 0):.3f} | {d['units']} "
+                f"| {p} | {per_draw} | {within} |"
+            )
     lines.append("")
     reliability = {}
     for loss, runs in docs.items():
@@ -174,13 +233,15 @@ def write(out: str, docs: dict, sweeps: dict, plan, minutes: float, seconds: dic
     table = write_markdown(out, "table", "\n".join(lines) + "\n")
     summary = {
         "plan": dataclasses.asdict(plan),
+        "scales": scales or {},
+        "machine": machine or {},
         "minutes": minutes,
         "seconds": seconds,
         "table": {
             loss: {k: _mean_std([r["summary"].get(k) for r in runs]) + (len(runs),) for k in runs[0]["summary"]}
             for loss, runs in docs.items()
         },
-        "paired": {k: {kk: vv for kk, vv in v.items() if kk != "pairs"} for k, v in paired.items()},
+        "paired": paired,
         "sweeps": sweeps,
         "reliability": reliability,
         "curves": {

@@ -43,20 +43,38 @@ def test_dml_pairs_benchmark_runs(capsys, monkeypatch):
 
 @pytest.mark.slow
 def test_paper_tables_smoke_writes_every_artefact(tmp_path):
-    """``python -m benchmarks.quality.paper_tables --smoke``: every stage (features, six objectives x 2 seeds,
-    paired CE - SS, both sweeps, the figures) on tiny sizes."""
+    """``python -m benchmarks.quality.paper_tables --smoke``: every stage on tiny sizes. Two feature draws (towers
+    pretrained with seeds 0 and 1), the eight objectives, λ chosen per objective on validation (draw 0, seed 0) and
+    used on every draw with SigLIP's learned t and b not swept (#30 parts 2 and 3), the paired differences with the
+    draw as the unit, both sweeps and the figures."""
     import json
+
+    import numpy as np
 
     assert paper_tables.main(["--smoke", "--out", str(tmp_path)]) == 0
     table = (tmp_path / "table.md").read_text()
-    for loss in paper_tables.PAPER_LOSSES:
-        assert f"| {loss} | 2 |" in table, loss
+    for label in paper_tables.OBJECTIVES:
+        assert f"| {label} | 2 |" in table, label
     assert "CrossExampleSoftmax − SampledSoftmax | global PR-AUC" in table
+    assert "CrossExampleSoftmax − SigLIP | global PR-AUC" in table
     assert "CE gain against global batch size" in table and "CE gain against logit scale" in table
     for name in ("curves", "reliability", "separation", "sweep_batch", "sweep_scale"):
         assert (tmp_path / f"{name}.png").stat().st_size > 5_000, name
+    draws = [np.load(tmp_path / d / "features.npz")["test_image"] for d in ("features", "features-draw1")]
+    assert not np.array_equal(*draws)  # two pretrainings, two sets of features
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["paired"]["CrossExampleSoftmax-SampledSoftmax:pr_auc"]["n"] == 2
+    for label in ("SampledSoftmax", "CrossExampleSoftmax", "SymmetricInfoNCE"):
+        choice = summary["scales"][label]
+        assert [r["scale"] for r in choice["sweep"]] == [10.0, 40.0]
+        assert choice["scale"] == max(choice["sweep"], key=lambda r: r["score"])["scale"]
+        for name in (f"{label}-seed0", f"{label}-draw1-seed0"):
+            train = json.loads((tmp_path / "runs" / f"{name}.json").read_text())["config"]["train"]
+            assert train["scale"] == choice["scale"] and train["scales"] == [10.0, 40.0]
+    assert summary["scales"]["SigLIP"]["sweep"] == []
+    siglip = json.loads((tmp_path / "runs" / "SigLIP-draw1-seed0.json").read_text())["config"]["train"]
+    assert siglip["scale"] is None and set(siglip["learned"]) == {"log_temperature", "logit_bias"}
+    ce = summary["paired"]["CrossExampleSoftmax-SampledSoftmax:pr_auc"]
+    assert ce["by"] == "feature draw" and ce["units"] == 2 and set(ce["draw_diffs"]) == {"0", "1"}
     run = json.loads((tmp_path / "runs" / "CrossExampleSoftmax-seed0.json").read_text())
     assert run["curve"]["step"] == [10, 20] and run["config"]["train"]["batch_size"] == 64
     assert "transfer" in run["metrics"] and run["summary"]["threshold_spread"] is not None

@@ -152,6 +152,7 @@ def test_paired_by_draw_takes_the_draw_as_the_unit():
     ce = [doc("CE", d, s, [1.0, 3.0, 2.0][d] + 0.1 * (s - 1)) for d in range(3) for s in range(3)]
     out = report.paired_by_draw(ce, ss, "k")
     assert out["by"] == "feature draw" and out["units"] == 3
+    assert out["draw_diffs"] == pytest.approx({0: 1.0, 1: 3.0, 2: 2.0})
     assert out["diff"] == pytest.approx(2.0) and out["sd"] == pytest.approx(1.0)
     assert out["seed_sd"] == pytest.approx(0.1)
     one = report.paired_by_draw(ce[:3], ss[:3], "k")
