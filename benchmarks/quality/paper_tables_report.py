@@ -150,10 +150,13 @@ def write(
     if machine:
         lines += [
             f"Machine: {machine['cpu']}, {machine['cores']} cores; load average (1 min) {machine['load_min']:.2f}–"
-            f"{machine['load_max']:.2f} during the run (samples {machine['load_samples']}); {machine['date']}.",
+            f"{machine['load_max']:.2f} during this invocation (samples {machine['load_samples']}; runs found on disk "
+            f"were trained by an earlier one, and their seconds are their own); {machine['date']}.",
             "",
         ]
-    lines += [f"## Table (test split; mean ± std over {over})", "", format_markdown(results), ""]
+    # with several draws the CE − SS lines of format_markdown (seeds as units) would overstate; the draw-unit
+    # tests are the paired table below
+    lines += [f"## Table (test split; mean ± std over {over})", "", format_markdown(results, paired=draws == 1), ""]
     lines += _scale_lines(docs, scales or {})
     paired = {}
     unit = "feature draw (mean over its seeds; one-sample t-test)" if draws > 1 else "seed (paired t-test)"

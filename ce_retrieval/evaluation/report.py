@@ -152,7 +152,9 @@ def format_table(results: list[dict]) -> str:
     return "\n".join(out + notes + format_paired(results))
 
 
-def format_markdown(results: list[dict]) -> str:
+def format_markdown(results: list[dict], paired: bool = True) -> str:
+    """The side-by-side table of ``results``, its notes and (``paired``) the CE − SS lines of :func:`format_paired`;
+    a caller with a better unit for its paired tests (feature draws) leaves them out and writes its own."""
     rows = _rows(group_runs(results))
     dis = _distractor_title(results)
     cal = _calibration_name(results)
@@ -174,13 +176,17 @@ def format_markdown(results: list[dict]) -> str:
         "inconsistency of the caption queries (variance across queries of their TPR/TNR harmonic mean, averaged "
         "over the calibration range), ×10⁻³, lower = more threshold-consistent."
     )
-    paired = format_paired(results)
-    return "\n".join(out) + "\n\n" + notes + "\n" + "".join(f"\n{p}\n" for p in paired)
+    lines = format_paired(results) if paired else []
+    return "\n".join(out) + "\n\n" + notes + "\n" + "".join(f"\n{p}\n" for p in lines)
 
 
 def _seed(doc: dict):
+    """The run's pairing key: ``config.train.seed``, or ``(feature_draw, seed)`` for a run that names its draw of
+    frozen features (seeds repeat across draws)."""
     train = (doc.get("config") or {}).get("train") if isinstance(doc.get("config"), dict) else None
-    return train.get("seed") if isinstance(train, dict) else None
+    if not isinstance(train, dict):
+        return None
+    return (train["feature_draw"], train.get("seed")) if "feature_draw" in train else train.get("seed")
 
 
 def _ttest_p(a: np.ndarray, b: np.ndarray) -> float | None:

@@ -499,6 +499,24 @@ def test_paired_difference_pairs_by_seed_and_tests(tmp_path):
         report.paired_difference(results, "CrossExampleSoftmax", "Other", "pr_auc")
 
 
+def test_runs_of_several_feature_draws_pair_by_draw_and_seed(tmp_path):
+    """Seeds repeat across draws of frozen features: runs naming ``feature_draw`` pair by (draw, seed), never by
+    the order the files came in, and ``format_markdown(..., paired=False)`` leaves the seed-unit lines out."""
+    results = report.load_results(_files(tmp_path))
+    for doc in results:
+        doc["config"]["train"]["feature_draw"] = 0
+    moved = [dict(d, config={"train": {"seed": d["config"]["train"]["seed"], "feature_draw": 1}}) for d in results]
+    ss_draw1 = [d for d in moved if d["run_name"] == "SampledSoftmax"]
+    for d in ss_draw1:
+        d["summary"] = dict(d["summary"], pr_auc=d["summary"]["pr_auc"] - 0.5)
+    both = results + moved
+    d = report.paired_difference(both, "CrossExampleSoftmax", "SampledSoftmax", "pr_auc")
+    assert d["paired_by"] == "seed" and d["n"] == 6
+    assert sorted(tuple(p["seed"]) for p in d["pairs"]) == [(0, 1), (0, 2), (0, 3), (1, 1), (1, 2), (1, 3)]
+    assert d["mean"] == pytest.approx((0.2 / 3 + (0.2 / 3 + 0.5)) / 2)
+    assert "CE − SS" in report.format_markdown(both) and "CE − SS" not in report.format_markdown(both, paired=False)
+
+
 def test_paired_difference_drops_missing_seeds_and_values(tmp_path):
     results = report.load_results(_files(tmp_path, seeds_ce=(1, 2), seeds_ss=(2, 1, 3)))
     d = report.paired_difference(results, "CrossExampleSoftmax", "SampledSoftmax", "pr_auc")
