@@ -37,6 +37,23 @@ def _pairs(labels) -> list[tuple]:
     return pairs + [(a, b) for a, b in _EXTRA_PAIRS if a in labels and b in labels]
 
 
+def _per_draw_lines(docs: dict, draws: int) -> list[str]:
+    """PR-AUC and t→i R@1 per objective and feature draw (mean over the draw's seeds): how much the draw moves
+    every objective together."""
+    head = " | ".join(f"draw {k} PR-AUC | draw {k} R@1" for k in range(draws))
+    lines = ["## Per feature draw (mean over its seeds, %)", "", f"| objective | {head} |"]
+    lines.append("|---|" + "---:|" * (2 * draws))
+    for label, runs in docs.items():
+        cells = []
+        for k in range(draws):
+            mine = [r["summary"] for r in runs if r["config"]["train"].get("feature_draw", 0) == k]
+            for key in ("pr_auc", "t2i_r1"):
+                values = [m[key] for m in mine if m.get(key) is not None]
+                cells.append(f"{100 * np.mean(values):.2f}" if values else "–")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
 def _scale_lines(docs: dict, scales: dict) -> list[str]:
     """The temperature each objective ran at: λ chosen on validation (with the sweep's validation scores), the
     fixed λ, or the learned t and b (mean over runs at the end of training)."""
@@ -158,6 +175,8 @@ def write(
     # tests are the paired table below
     lines += [f"## Table (test split; mean ± std over {over})", "", format_markdown(results, paired=draws == 1), ""]
     lines += _scale_lines(docs, scales or {})
+    if draws > 1:
+        lines += _per_draw_lines(docs, draws)
     paired = {}
     unit = "feature draw (mean over its seeds; one-sample t-test)" if draws > 1 else "seed (paired t-test)"
     lines += [
