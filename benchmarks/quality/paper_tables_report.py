@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 
 import numpy as np
 
@@ -51,6 +52,46 @@ def _per_draw_lines(docs: dict, draws: int) -> list[str]:
                 values = [m[key] for m in mine if m.get(key) is not None]
                 cells.append(f"{100 * np.mean(values):.2f}" if values else "–")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+_CERTIFIED = re.compile(r"highest certified precision is ([0-9.]+)")
+
+
+def _best_certified(entry: dict):
+    """The highest precision the validation split certifies for the test gallery (confidence 1 − δ): the entry's
+    ``best_certified``, or, in runs written before that field, the figure its refusal reason states."""
+    if entry.get("best_certified") is not None:
+        return entry["best_certified"]
+    found = _CERTIFIED.search(entry.get("refused") or "")
+    return float(found.group(1)) if found else None
+
+
+def _promise_lines(docs: dict, level: str = "0.5") -> list[str]:
+    """Precision ``level`` promised from the validation split, per objective: how often the point estimate kept it
+    on test and what it achieved, how often the guarantee (confidence 1 − δ) certified it, and the highest
+    precision the guarantee could certify."""
+    lines = [
+        f"## Promises of precision {level} (thresholds from validation, checked on test)",
+        "",
+        "| objective | runs | point estimate kept | its achieved precision (min–max) | guarantee certified "
+        "| highest certifiable precision (min / mean / max) |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for label, runs in docs.items():
+        entries = [((r["metrics"].get("promises") or {}).get("levels") or {}).get(level) for r in runs]
+        entries = [e for e in entries if e is not None]
+        if not entries:
+            continue
+        achieved = [(e.get("estimated") or {}).get("precision") for e in entries]
+        achieved = [100 * a for a in achieved if a is not None]
+        best = [b for b in (_best_certified(e) for e in entries) if b is not None]
+        span = f"{min(achieved):.1f}–{max(achieved):.1f} %" if achieved else "–"
+        best_cell = f"{min(best):.3f} / {np.mean(best):.3f} / {max(best):.3f}" if best else "–"
+        lines.append(
+            f"| {label} | {len(entries)} | {sum(1 for e in entries if e.get('estimate_kept'))} | {span} "
+            f"| {sum(1 for e in entries if e.get('refused') is None)} | {best_cell} |"
+        )
     return lines + [""]
 
 
@@ -177,6 +218,7 @@ def write(
     lines += _scale_lines(docs, scales or {})
     if draws > 1:
         lines += _per_draw_lines(docs, draws)
+    lines += _promise_lines(docs)
     paired = {}
     unit = "feature draw (mean over its seeds; one-sample t-test)" if draws > 1 else "seed (paired t-test)"
     lines += [

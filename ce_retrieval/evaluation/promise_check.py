@@ -29,7 +29,9 @@ def _kept(entry: dict | None):
 def check_promises(calibration, query_emb, doc_emb, query_ids, doc_ids, gallery_size: int | None = None) -> dict:
     """Guaranteed and estimated thresholds of ``calibration`` for this gallery (``gallery_size``, default the
     number of documents), and what each achieves here. Returns ``{"gallery_size", "delta", "levels": {p:
-    {"guaranteed": transfer entry or None, "estimated": ..., "refused": reason or None, "kept": bool or None,
+    {"guaranteed": transfer entry or None, "estimated": ..., "refused": reason or None, "best_certified": the
+    certified precision bound at p's threshold, or the highest bound of any threshold where p was refused,
+    "kept": bool or None,
     "estimate_kept": ..., "recall": recall at the guaranteed threshold (0 when refused), "estimate_recall"}}}``."""
     size = len(doc_emb) if gallery_size is None else int(gallery_size)
     block = calibration.for_gallery(size)
@@ -43,6 +45,8 @@ def check_promises(calibration, query_emb, doc_emb, query_ids, doc_ids, gallery_
             "guaranteed": g,
             "estimated": e,
             "refused": level.get("refused"),
+            # the precision this calibration does certify: p's own bound, or the best one where p was refused
+            "best_certified": level.get("precision_lower_bound", level.get("best_precision_lower_bound")),
             "kept": _kept(g),
             "estimate_kept": _kept(e),
             "recall": 0.0 if g is None else g["recall"],

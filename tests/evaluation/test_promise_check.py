@@ -22,9 +22,14 @@ def test_promises_counted_exactly_on_the_evaluated_gallery():
     block = cal.for_gallery(len(d))
     for key, entry in check["levels"].items():
         tau = block["guaranteed"]["threshold_at_precision"][key]
+        level = block["guaranteed"]["levels"][key]
         if tau is None:
             assert entry["refused"] and entry["recall"] == 0.0 and entry["kept"] is None
+            # the best it can certify, below the level, and the figure the refusal states
+            assert entry["best_certified"] == level["best_precision_lower_bound"] < float(key)
+            assert f"the highest certified precision is {entry['best_certified']:.3f}" in entry["refused"]
             continue
+        assert entry["best_certified"] == level["precision_lower_bound"] >= float(key)
         hit = s >= np.float32(tau)
         assert entry["guaranteed"]["num_true_positives"] == np.sum(hit & rel)
         assert entry["recall"] == np.sum(hit & rel) / rel.sum()
