@@ -52,14 +52,15 @@ def quick_metrics(features: dict, text_head, image_head, split: str = "test") ->
     return {"pr_auc": global_pr_auc(q, d, qi, di)["pr_auc"], "t2i_r1": recall_at_k(q, d, qi, di, ks=(1,))["t2i"][1]}
 
 
-def evaluate_arrays(val: tuple, test: tuple, distractors=None, promise_distractors=None) -> dict:
+def evaluate_arrays(val: tuple, test: tuple, distractors=None, promise_distractors=None, promise_levels=None) -> dict:
     """Every figure of the table from ``(q, d, q_ids, d_ids)`` embeddings of val and test: ``evaluate_embeddings``
     on test, with thresholds calibrated on val (the precision levels of ``RELIABILITY_LEVELS``) and the guaranteed
     thresholds of ``calibrate_split`` on val checked there (recall at guaranteed precision). The result keeps the
-    embeddings of test, val and ``promise_distractors`` (for ``guarantee_coverage.py``)."""
+    embeddings of test, val and ``promise_distractors`` (for ``guarantee_coverage.py``). ``promise_levels``: the
+    precision levels promised (default ``split_calibration.DEFAULT_LEVELS``)."""
     from ce_retrieval.evaluation import global_pr_auc
     from ce_retrieval.evaluation.evaluate import evaluate_embeddings, summary
-    from ce_retrieval.evaluation.split_calibration import calibrate_split
+    from ce_retrieval.evaluation.split_calibration import DEFAULT_LEVELS, calibrate_split
     from ce_retrieval.evaluation.transfer import RELIABILITY_LEVELS
 
     thresholds = global_pr_auc(*val, target_precisions=RELIABILITY_LEVELS)["threshold_at_precision"]
@@ -67,7 +68,7 @@ def evaluate_arrays(val: tuple, test: tuple, distractors=None, promise_distracto
         *test,
         distractor_emb=distractors,
         calibration_thresholds=thresholds,
-        split_calibration=calibrate_split(*val, source={"split": "val"}),
+        split_calibration=calibrate_split(*val, levels=promise_levels or DEFAULT_LEVELS, source={"split": "val"}),
     )
     return {
         "summary": summary(metrics),
@@ -78,7 +79,7 @@ def evaluate_arrays(val: tuple, test: tuple, distractors=None, promise_distracto
     }
 
 
-def full_metrics(features: dict, text_head, image_head) -> dict:
+def full_metrics(features: dict, text_head, image_head, promise_levels=None) -> dict:
     """Every figure of the table: :func:`evaluate_arrays` of the heads' embeddings."""
     promise = features.get("promise_distractor_image")
     return evaluate_arrays(
@@ -86,6 +87,7 @@ def full_metrics(features: dict, text_head, image_head) -> dict:
         embed(features, text_head, image_head, "test"),
         image_head(features["distractor_image"]).numpy(),
         None if promise is None else image_head(promise).numpy(),
+        promise_levels,
     )
 
 
@@ -104,9 +106,11 @@ def train_heads(
     log=None,
     extra_variables=(),
     selection: bool = False,
+    promise_levels=None,
 ) -> dict:
     """Trains the two heads with ``loss`` and returns ``{"curve", "summary", "metrics", "seconds", ...}``.
     ``extra_variables`` are trained with the heads (e.g. a learned temperature and bias that ``loss`` reads).
+    ``promise_levels``: the precision levels calibrated on validation and checked on test (:func:`evaluate_arrays`).
     ``selection``: a hyper-parameter choice run, which reads the validation split only (its curve and its result
     ``{"val": {"pr_auc", "t2i_r1"}, "curve", "seconds"}``); the test split is never read, and need not be given."""
     import tensorflow as tf
@@ -166,5 +170,5 @@ def train_heads(
     train_seconds = time.perf_counter() - t0
     if selection:
         return {"val": quick_metrics(features, text_head, image_head, "val"), "curve": curve, "seconds": train_seconds}
-    final = full_metrics(features, text_head, image_head)
+    final = full_metrics(features, text_head, image_head, promise_levels)
     return {**final, "curve": curve, "seconds": train_seconds}

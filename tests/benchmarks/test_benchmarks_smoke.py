@@ -80,7 +80,8 @@ def test_paper_tables_smoke_writes_every_artefact(tmp_path):
     run = json.loads((tmp_path / "runs" / "CrossExampleSoftmax-seed0.json").read_text())
     assert run["curve"]["step"] == [10, 20] and run["config"]["train"]["batch_size"] == 64
     assert "transfer" in run["metrics"] and run["summary"]["threshold_spread"] is not None
-    assert "## Promises of precision 0.5" in table and "| SigLIP | 2 |" in table.split("## Promises")[1]
+    promises = table.split("## Promises of precision (thresholds from validation")[1]
+    assert "| SigLIP | 2 |" in promises and "P ≥ 0.1 | P ≥ 0.2 | P ≥ 0.3 | P ≥ 0.4 | P ≥ 0.5 | P ≥ 0.8" in promises
 
 
 def test_every_paper_tables_objective_gives_a_finite_loss_and_gradient():
