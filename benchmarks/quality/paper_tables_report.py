@@ -106,7 +106,32 @@ def _promise_lines(docs: dict) -> list[str]:
         best_cell = f"{min(best):.3f} / {np.mean(best):.3f} / {max(best):.3f}" if best else "–"
         span = f"{min(achieved):.1f}–{max(achieved):.1f} %" if achieved else "–"
         lines.append(f"| {label} | {len(runs)} | " + " | ".join(cells) + f" | {best_cell} | {span} |")
-    return lines + [""]
+    return lines + ["", _broken_line(docs), ""]
+
+
+def _broken_line(docs: dict) -> str:
+    """Runs with at least one certified promise that test did not keep, by feature draw, and the largest
+    shortfall: the per-run event the confidence 1 − δ bounds (every level of a run is promised at once)."""
+    runs = [r for rs in docs.values() for r in rs]
+    broken, shortfall, certified, kept = {}, 0.0, 0, 0
+    for r in runs:
+        levels = (r["metrics"].get("promises") or {}).get("levels") or {}
+        made = [(float(k), e) for k, e in levels.items() if e.get("refused") is None]
+        certified += len(made)
+        kept += sum(1 for _, e in made if e.get("kept"))
+        missed = [(p, e) for p, e in made if e.get("kept") is False]
+        if missed:
+            draw = r["config"]["train"].get("feature_draw", 0)
+            broken[draw] = broken.get(draw, 0) + 1
+            shortfall = max([shortfall] + [p - e["guaranteed"]["precision"] for p, e in missed])
+    by_draw = ", ".join(f"{n} on draw {d}" for d, n in sorted(broken.items())) or "none"
+    return (
+        f"Runs with at least one certified promise not kept on test: {sum(broken.values())} of {len(runs)} "
+        f"({by_draw}; {certified} promises certified in all, {kept} kept), largest shortfall {shortfall:.3f}. The runs "
+        "share one "
+        "validation and one test split (the data seed is fixed; draws and seeds change the features and the heads), "
+        "so they are not independent checks of the confidence."
+    )
 
 
 def _scale_lines(docs: dict, scales: dict) -> list[str]:
