@@ -106,3 +106,11 @@ def test_every_paper_tables_objective_gives_a_finite_loss_and_gradient():
         assert np.isfinite(float(value)), label
         assert all(g is not None and np.all(np.isfinite(g.numpy())) for g in grads), label
         assert bool(extra) == (label == "SigLIP"), label
+
+
+def test_paper_tables_full_refuses_what_only_the_frozen_feature_table_does():
+    """``--full`` trains the paper's six losses end to end: SigLIP, InfoNCE, feature draws and a λ sweep belong to
+    the frozen-feature table, and asking for them says so before anything is trained."""
+    for argv in (["--losses", "SigLIP"], ["--draws", "3"], ["--scales", "5", "10"]):
+        with pytest.raises(SystemExit, match="drop --full"):
+            paper_tables.main(["--full", *argv])
