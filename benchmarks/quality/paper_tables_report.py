@@ -42,8 +42,12 @@ def _per_draw_lines(docs: dict, draws: int) -> list[str]:
     """PR-AUC and t→i R@1 per objective and feature draw (mean over the draw's seeds): how much the draw moves
     every objective together."""
     head = " | ".join(f"draw {k} PR-AUC | draw {k} R@1" for k in range(draws))
-    lines = ["## Per feature draw (mean over its seeds, %)", "", f"| objective | {head} |"]
-    lines.append("|---|" + "---:|" * (2 * draws))
+    lines = [
+        "## Per feature draw (mean over its seeds, %)",
+        "",
+        f"| objective | {head} | R@1 over all runs: min – max (spread) |",
+    ]
+    lines.append("|---|" + "---:|" * (2 * draws + 1))
     for label, runs in docs.items():
         cells = []
         for k in range(draws):
@@ -51,6 +55,8 @@ def _per_draw_lines(docs: dict, draws: int) -> list[str]:
             for key in ("pr_auc", "t2i_r1"):
                 values = [m[key] for m in mine if m.get(key) is not None]
                 cells.append(f"{100 * np.mean(values):.2f}" if values else "–")
+        r1 = [100 * r["summary"]["t2i_r1"] for r in runs if r["summary"].get("t2i_r1") is not None]
+        cells.append(f"{min(r1):.2f} – {max(r1):.2f} ({max(r1) - min(r1):.2f})" if r1 else "–")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return lines + [""]
 
