@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 
 import numpy as np
 
@@ -61,16 +60,9 @@ def _per_draw_lines(docs: dict, draws: int) -> list[str]:
     return lines + [""]
 
 
-_CERTIFIED = re.compile(r"highest certified precision is ([0-9.]+)")
-
-
-def _best_certified(entry: dict):
-    """The highest precision the validation split certifies for the test gallery (confidence 1 − δ): the entry's
-    ``best_certified``, or, in runs written before that field, the figure its refusal reason states."""
-    if entry.get("best_certified") is not None:
-        return entry["best_certified"]
-    found = _CERTIFIED.search(entry.get("refused") or "")
-    return float(found.group(1)) if found else None
+def _levels(run: dict) -> dict:
+    """A run's promise check per level (``metrics.promises.levels``: ``evaluation.promise_check``)."""
+    return (run["metrics"].get("promises") or {}).get("levels") or {}
 
 
 def _promise_lines(docs: dict) -> list[str]:
@@ -78,10 +70,7 @@ def _promise_lines(docs: dict) -> list[str]:
     runs the guarantee (confidence 1 − δ) certified and in how many of those the test split got at least the level;
     how many point estimates kept theirs; the highest precision the guarantee could certify; and what the point
     estimate for 0.5 achieved."""
-    keys = sorted(
-        {k for runs in docs.values() for r in runs for k in ((r["metrics"].get("promises") or {}).get("levels") or {})},
-        key=float,
-    )
+    keys = sorted({k for runs in docs.values() for r in runs for k in _levels(r)}, key=float)
     if not keys:
         return []
     head = " | ".join(f"P ≥ {k}" for k in keys)
@@ -96,7 +85,7 @@ def _promise_lines(docs: dict) -> list[str]:
         "|---|---:|" + "---:|" * len(keys) + "---:|---:|",
     ]
     for label, runs in docs.items():
-        by_level = [((r["metrics"].get("promises") or {}).get("levels") or {}) for r in runs]
+        by_level = [_levels(r) for r in runs]
         cells = []
         for k in keys:
             entries = [levels[k] for levels in by_level if k in levels]
@@ -104,8 +93,8 @@ def _promise_lines(docs: dict) -> list[str]:
             kept = sum(1 for e in certified if e.get("kept"))
             estimate = sum(1 for e in entries if e.get("estimate_kept"))
             cells.append(f"{len(certified)} / {kept} · {estimate}")
-        # per run: the largest bound over its levels (a refused level states the highest of any threshold)
-        found = [[x for x in (_best_certified(e) for e in lv.values()) if x is not None] for lv in by_level]
+        # per run: the largest bound over its levels (a refused level holds the highest of any threshold)
+        found = [[e["best_certified"] for e in lv.values() if e.get("best_certified") is not None] for lv in by_level]
         best = [max(f) for f in found if f]
         achieved = [((levels.get("0.5") or {}).get("estimated") or {}).get("precision") for levels in by_level]
         achieved = [100 * x for x in achieved if x is not None]
@@ -121,8 +110,7 @@ def _broken_line(docs: dict) -> str:
     runs = [r for rs in docs.values() for r in rs]
     broken, shortfall, certified, kept = {}, 0.0, 0, 0
     for r in runs:
-        levels = (r["metrics"].get("promises") or {}).get("levels") or {}
-        made = [(float(k), e) for k, e in levels.items() if e.get("refused") is None]
+        made = [(float(k), e) for k, e in _levels(r).items() if e.get("refused") is None]
         certified += len(made)
         kept += sum(1 for _, e in made if e.get("kept"))
         missed = [(p, e) for p, e in made if e.get("kept") is False]
@@ -133,10 +121,9 @@ def _broken_line(docs: dict) -> str:
     by_draw = ", ".join(f"{n} on draw {d}" for d, n in sorted(broken.items())) or "none"
     return (
         f"Runs with at least one certified promise not kept on test: {sum(broken.values())} of {len(runs)} "
-        f"({by_draw}; {certified} promises certified in all, {kept} kept), largest shortfall {shortfall:.3f}. The runs "
-        "share one "
-        "validation and one test split (the data seed is fixed; draws and seeds change the features and the heads), "
-        "so they are not independent checks of the confidence."
+        f"({by_draw}; {certified} promises certified in all, {kept} kept), largest shortfall {shortfall:.3f}. "
+        "The runs share one validation and one test split (the data seed is fixed; draws and seeds change the "
+        "features and the heads), so they are not independent checks of the confidence."
     )
 
 
