@@ -186,6 +186,7 @@ def run(
         train = doc["config"]["train"]
         levels = set((doc["metrics"].get("promises") or {}).get("levels") or {})
         same = train.get("scale", plan.scale) == scale and (train["batch_size"], train["steps"]) == (batch, steps)
+        same = same and doc.get("dataset_fingerprint") == _features_of(plan, draw).key()  # the same features
         if same and levels >= {f"{p:g}" for p in plan.promise_levels}:
             RECORDED_SECONDS.append(doc["seconds"].get("total", doc["seconds"]["train"]))
             return doc
