@@ -109,7 +109,7 @@ def scratch_overrides(objective: Objective) -> dict:
 
 def heads_loss(objective: Objective, scale: float = SCALE):
     """``(loss_fn(R, S), extra_variables)`` for the heads regime: the registered loss with λ = ``scale`` (or
-    with a learned t and b applied to S first), plus the regulariser."""
+    given a learned t and b at call), plus the regulariser."""
     import tensorflow as tf
 
     from ce_retrieval import losses
@@ -119,16 +119,15 @@ def heads_loss(objective: Objective, scale: float = SCALE):
 
     extra: list = []
     if objective.learned_scale_bias:
-        cls = losses.lookup(objective.loss)
-        bias_kwargs = getattr(cls, "logit_bias_kwargs", lambda b: {})(0.0)
-        base = cls(**objective.loss_kwargs, **cls.logit_scale_kwargs(1.0), **bias_kwargs)
         t, b = objective.learned_scale_bias
+        model = ModelConfig(logit_scale=t, learn_logit_scale=True, logit_bias=b, learn_logit_bias=True)
+        base = build_loss(LossConfig(name=objective.loss, kwargs=objective.loss_kwargs), model)
         log_t = tf.Variable(math.log(t), dtype=tf.float32, name="log_temperature")
         bias = tf.Variable(float(b), dtype=tf.float32, name="logit_bias")
         extra = [log_t, bias]
 
-        def loss_fn(relevance, scores):
-            return base(relevance, tf.exp(log_t) * scores + bias)
+        def loss_fn(relevance, scores):  # the learned t and b given at call, as the retrieval objective gives them
+            return base.call(relevance, scores, logit_scale=tf.exp(log_t), logit_bias=tf.identity(bias))
     else:
         base = build_loss(LossConfig(name=objective.loss, kwargs=objective.loss_kwargs), ModelConfig(logit_scale=scale))
         loss_fn = base

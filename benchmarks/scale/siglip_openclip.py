@@ -105,15 +105,13 @@ def ours_step(n: int, tile: int | None, mode: str):
 
     # isort: on
 
-    loss = SigmoidLoss(scale=1.0, bias=0.0)  # t and b learned: the objective folds them into the embeddings
+    loss = SigmoidLoss()  # t and b learned: given at call, folded into the embeddings ([t·q, b]·[d, 1])
     ids = tf.range(n)
 
     def step(img, txt, t, b):
         with tf.GradientTape() as tape:
             tape.watch([img, txt, t, b])
-            queries = tf.concat([t * img, tf.fill([n, 1], b)], 1)  # [t·q, b]·[d, 1] = t q·d + b
-            docs = tf.concat([txt, tf.ones([n, 1])], 1)
-            value = loss.tiled_loss(queries, docs, ids, ids, tile)
+            value = loss.tiled_loss(img, txt, ids, ids, tile, logit_scale=t, logit_bias=b)
         return value, tape.gradient(value, [img, txt, t, b])
 
     return tf.function(step, jit_compile=(mode == "xla"))

@@ -61,10 +61,9 @@ class RetrievalObjectiveLayer(keras.layers.Layer):
         self.partition, self.tile_size = partition, tile_size
         self.logit_bias_initial, self.learn_logit_bias = logit_bias, bool(learn_logit_bias)
         cls = _losses.lookup(loss)
-        applies_scale = self.learn_logit_scale or self.learn_logit_bias  # the objective multiplies S by λ
-        loss_kwargs = {**self.loss_kwargs, **cls.logit_scale_kwargs(1.0 if applies_scale else logit_scale)}
-        if logit_bias is not None:
-            loss_kwargs.update(cls.logit_bias_kwargs(0.0 if self.learn_logit_bias else logit_bias))
+        loss_kwargs = {**self.loss_kwargs, **cls.logit_scale_kwargs(logit_scale)}  # λ₀ and b₀: the objective
+        if logit_bias is not None:  # gives the loss their current values at every call
+            loss_kwargs.update(cls.logit_bias_kwargs(logit_bias))
         variable = None
         if self.learn_logit_scale:
             variable = self.add_weight(

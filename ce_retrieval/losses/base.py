@@ -28,11 +28,30 @@ the global ``L``; Keras sums ``L / R`` over replicas). In a custom loop under a 
 ``reduction="sum"`` and scale yourself (Keras refuses ``AUTO`` there with its own message). The two-tower model
 owns its step and does the scaling there (``ce_retrieval/modeling/two_tower.py``). ``sample_weight`` is not
 supported (weight pairs through ``y_true`` instead).
+
+λ and b at call. A loss with a logit scale λ (``has_logit_scale``; and a logit bias b, ``has_logit_bias``) is
+constructed with λ₀ (b₀): its value when it is called alone. The retrieval objective, the one owner of λ and b
+(``ce_retrieval.objective``), gives the loss their current values at every call, the one way they reach a loss:
+``logit_scale=`` and ``logit_bias=`` of :meth:`RetrievalLoss.call`, ``sharded_share`` and ``tiled_loss``. A given
+value replaces the instance's for that evaluation (:meth:`RetrievalLoss.given_scalars`):
+
+* a number (a fixed λ or b) goes through ``logit_scale_kwargs`` / ``logit_bias_kwargs`` into the loss's own
+  arithmetic, exactly as the constructor's value would;
+* a tensor (a learned λ or b) is folded into the input by a loss linear in S: the logits ``λ·S + b`` are formed
+  once and the loss is evaluated at λ = 1, b = 0 (on the tiled path ``λ·q``, and b as one more column,
+  ``[λq, b]·[d, 1] = λ q·d + b``: :meth:`RetrievalLoss.fold_into_embeddings`); when b is learned a fixed λ is
+  folded with it, since b is added after λ;
+* a loss that ``needs_cosine`` (its logits are not linear in S: a margin on cosines, NCA's clamped distance) is
+  given a learned λ as a tensor, applied after its own transform of the cosines.
+
+Folding keeps every kernel's arithmetic at a Python-number λ (the same float32 rounding as a fixed λ's run) and
+costs one multiply of S, or of the ``[N, d]`` queries on the tiled path.
 """
 
 from __future__ import annotations
 
 import inspect
+from typing import NamedTuple
 
 import tensorflow as tf
 import tf_keras
@@ -98,6 +117,21 @@ def validate_similarity_inputs(y_true, y_pred, name: str = "loss", gram: bool = 
     return relevance, scores
 
 
+class Folded(NamedTuple):
+    """What a learned λ and b fold into a loss's input (``RetrievalLoss.given_scalars``; None: nothing)."""
+
+    scale: tf.Tensor | float | None
+    bias: tf.Tensor | None
+
+    def apply(self, scores: tf.Tensor) -> tf.Tensor:
+        """``λ·S + b`` of the folded parts (S unchanged when nothing is folded)."""
+        if self.scale is not None:
+            scores = scores * self.scale
+        if self.bias is not None:
+            scores = scores + self.bias
+        return scores
+
+
 class RetrievalLoss(tf_keras.losses.Loss):
     """Base class: validation, float32, bidirectional averaging, config. See module docstring."""
 
@@ -127,8 +161,8 @@ class RetrievalLoss(tf_keras.losses.Loss):
     #: the replicas' shares summing to the loss; ``kernels/sharded.py``).
     supports_sharded: bool = False
     #: S must stay cosines because the logits are not linear in S (the margin softmaxes' ``p = λ·ψ(cos)``, NCA's
-    #: clamped ``d² = max(2 − 2s, 0)``); a learned λ is not folded into S but given as a tensor, ``logit_scale=`` of
-    #: :meth:`call` (and of ``sharded_share``, ``tiled_loss``), which the loss applies after its own transform.
+    #: clamped ``d² = max(2 − 2s, 0)``): a learned λ given at call is not folded into S but applied by the loss
+    #: after its own transform (module docstring, "λ and b at call").
     needs_cosine: bool = False
 
     #: the family's validation, ``check(**hyperparameters, owner=class name)`` -> the values to store (a dict, or a
@@ -153,15 +187,41 @@ class RetrievalLoss(tf_keras.losses.Loss):
             return {}
         return {"scale": scale if tf.is_tensor(scale) else float(scale)}
 
-    def given_logit_scale(self, logit_scale) -> tf.Tensor:
-        """``logit_scale``, a λ tensor that replaces this instance's λ, as float32; only a loss that ``needs_cosine``
-        takes one (any other is given ``λ·S``)."""
-        if not self.needs_cosine:
-            raise ValueError(
-                f"{self.name}: logit_scale= is for a loss that needs_cosine (the margin softmaxes, NCA); "
-                f"{type(self).__name__} is linear in S: give it λ·S instead"
-            )
-        return tf.cast(logit_scale, tf.float32)
+    def given_scalars(self, logit_scale=None, logit_bias=None) -> tuple[Folded, dict]:
+        """How one evaluation applies the λ and b it is given (module docstring, "λ and b at call"): what to fold
+        into the input (:class:`Folded`: ``scale``, ``bias``, each None for nothing) and the keyword arguments
+        ``logit_scale`` / ``logit_bias`` that replace the instance's own in :meth:`compute` (or in a path's kernel).
+        """
+        if logit_scale is not None and not self.has_logit_scale:
+            raise ValueError(f"{self.name}: logit_scale= given, but {type(self).__name__} has no logit scale")
+        if logit_bias is not None and not self.has_logit_bias:
+            raise ValueError(f"{self.name}: logit_bias= given, but {type(self).__name__} has no logit bias")
+        scale = tf.cast(logit_scale, tf.float32) if tf.is_tensor(logit_scale) else logit_scale
+        bias = tf.cast(logit_bias, tf.float32) if tf.is_tensor(logit_bias) else logit_bias
+        if tf.is_tensor(bias) and self.needs_cosine:  # no such loss today: a bias after a transform of the cosines
+            raise ValueError(f"{self.name}: a learned logit bias cannot be folded into the cosines of this loss")
+        if not (tf.is_tensor(scale) or tf.is_tensor(bias)) or self.needs_cosine:
+            given = {"logit_scale": scale, "logit_bias": bias}
+            return Folded(None, None), {k: v for k, v in given.items() if v is not None}
+        folded_bias = bias if tf.is_tensor(bias) else None
+        kwargs = {} if scale is None else {"logit_scale": 1.0}
+        if bias is not None:
+            kwargs["logit_bias"] = 0.0 if folded_bias is not None else bias
+        return Folded(scale, folded_bias), kwargs
+
+    @staticmethod
+    def fold_into_embeddings(query_emb, doc_emb, folded: Folded) -> tuple[tf.Tensor, tf.Tensor]:
+        """The tiled path's fold: queries ``λ·q`` and, for b, one more column ``[λq, b]·[d, 1] = λ q·d + b``."""
+        if folded.scale is None and folded.bias is None:
+            return query_emb, doc_emb
+        query_emb = tf.cast(query_emb, tf.float32)
+        if folded.scale is not None:
+            query_emb = query_emb * folded.scale
+        if folded.bias is not None:
+            doc_emb = tf.cast(doc_emb, tf.float32)
+            query_emb = tf.concat([query_emb, tf.fill([tf.shape(query_emb)[0], 1], folded.bias)], 1)
+            doc_emb = tf.concat([doc_emb, tf.ones([tf.shape(doc_emb)[0], 1], tf.float32)], 1)
+        return query_emb, doc_emb
 
     @property
     def logit_scale(self) -> float | None:
@@ -201,25 +261,28 @@ class RetrievalLoss(tf_keras.losses.Loss):
     # No tensor-dependent Python control flow here or in ``compute``: skipping autograph's conversion saves most
     # of a loss's trace time.
     @tf.autograph.experimental.do_not_convert
-    def call(self, y_true, y_pred, logit_scale=None) -> tf.Tensor:
-        """The loss of ``(R, S)``; ``logit_scale``: a λ tensor used instead of this instance's λ, for a loss that
-        ``needs_cosine`` (S stays cosines; the retrieval objective's learned λ)."""
+    def call(self, y_true, y_pred, logit_scale=None, logit_bias=None) -> tf.Tensor:
+        """The loss of ``(R, S)``; ``logit_scale``, ``logit_bias``: λ and b that replace this instance's (a number,
+        or a learned tensor: module docstring, "λ and b at call")."""
         relevance, scores = validate_similarity_inputs(y_true, y_pred, self.name, gram=self.needs_gram)
-        kwargs = {} if logit_scale is None else {"logit_scale": self.given_logit_scale(logit_scale)}
+        folded, kwargs = self.given_scalars(logit_scale, logit_bias)
+        scores = folded.apply(scores)
         value = self.compute(relevance, scores, **kwargs)
         if self.bidirectional:
             value = 0.5 * (value + self.compute(tf.transpose(relevance), tf.transpose(scores), **kwargs))
         return value
 
-    def compute(self, relevance: tf.Tensor, scores: tf.Tensor, logit_scale=None) -> tf.Tensor:
+    def compute(self, relevance: tf.Tensor, scores: tf.Tensor, logit_scale=None, logit_bias=None) -> tf.Tensor:
         """Scalar float32 loss for validated ``relevance`` and ``scores`` (both float32 ``[N, M]``): the class's
-        ``function`` with this instance's hyper-parameters (λ replaced by ``logit_scale`` when given). Override it
-        for a loss without such a function."""
+        ``function`` with this instance's hyper-parameters (λ and b replaced by ``logit_scale`` and ``logit_bias``
+        when given). Override it for a loss without such a function."""
         if type(self).function is None:
             raise NotImplementedError(f"{type(self).__name__} defines neither `function` nor `compute`")
         kwargs = self.function_kwargs()
         if logit_scale is not None:
             kwargs.update(self.logit_scale_kwargs(logit_scale))
+        if logit_bias is not None:
+            kwargs.update(self.logit_bias_kwargs(logit_bias))
         return type(self).function(relevance, scores, **kwargs)
 
     def function_kwargs(self) -> dict:

@@ -41,10 +41,10 @@ As for the rest of the softmax family, each logit is one entry ``s_ij``: ``needs
 ``loss.from_embeddings(Q, D, query_ids, doc_ids)`` runs the exact column-tiled path (``kernels/tiled.py``) at any batch
 size, with ``positive_cosine`` as its margin.
 
-Learned λ. The margin acts on cosines, so these losses declare ``needs_cosine``: where the retrieval objective
-learns λ (``model.learn_logit_scale``) it gives them S itself and λ as a tensor (``logit_scale=`` of ``call``,
-``sharded_share`` and ``tiled_loss``), and the logits are ``λ·s`` and ``λ·ψ(s)`` on every path, exactly the fixed-λ
-loss at the same λ, with the gradient flowing into ``log λ``.
+Learned λ. The margin acts on cosines, so these losses declare ``needs_cosine``: a learned λ given at call
+(``logit_scale=`` of ``call``, ``sharded_share`` and ``tiled_loss``) is not folded into S but used as their λ, and
+the logits are ``λ·s`` and ``λ·ψ(s)`` on every path, exactly the fixed-λ loss at the same λ, with the gradient
+flowing into ``log λ`` (``base.py``, "λ and b at call").
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ Logit scale. On cosine ``S``, ``exp(−scale·d²) = exp(2·scale·s − 2·scal
 ``scale = λ/2``), so with one positive per row ``NCALoss(scale=λ/2)`` equals the softmax cross-entropy over
 ``λ·S`` (all valid documents in the denominator). Only on cosines, though: ``d²`` is clamped at 0 (against
 rounding), which is not linear in S (``2 − 2λs`` would clamp wherever ``λs > 1``), so NCA declares ``needs_cosine``
-and a learned λ is given to it apart (``logit_scale=``, ``scale = λ/2``) while S stays cosines.
+and a learned λ given at call (``logit_scale=``) is used as ``scale = λ/2``, not folded into S, which stays cosines.
 
 Only row ``i`` of ``S`` is read (``needs_gram`` is false): the documents may be another modality.
 Functional core: :func:`nca` (``ce_retrieval.losses.functional.nca``).

@@ -15,8 +15,9 @@ so ``σ(t·s + b)`` reads as an absolute probability of relevance and one thresh
 learns the temperature ``t = exp(t')`` and the bias ``b`` (init ``t' = log 10``, ``b = -10``: the start
 matches the imbalance of ~1 positive against N - 1 negatives per row); the retrieval objective owns both, like λ
 (``ce_retrieval.objective``; config ``model.logit_scale`` / ``model.learn_logit_scale``, ``model.logit_bias`` /
-``model.learn_logit_bias``, see ``ce_retrieval/tasks/loss_wiring.py``), and then gives this loss
-``scale=1, bias=0``.
+``model.learn_logit_bias``, see ``ce_retrieval/tasks/loss_wiring.py``) and gives this loss their current values
+at every call (``logit_scale=``, ``logit_bias=``; learned ones are folded into ``t·S + b``: ``base.py``, "λ and b
+at call").
 
 The sum over S equals the sum over Sᵀ, so ``bidirectional`` is not offered. Computed with ``softplus`` (stable
 for any logit, float32). Each term reads one entry (``needs_gram`` is false). Functional core:
@@ -86,11 +87,14 @@ class SigmoidLoss(RetrievalLoss):
         super().__init__(**kwargs)
         self.scale, self.bias = scale, bias
 
-    def sharded_share(self, relevance_local, scores_local) -> tf.Tensor:
+    def sharded_share(self, relevance_local, scores_local, logit_scale=None, logit_bias=None) -> tf.Tensor:
         """This replica's share ``1/N Σ_{its rows} Σ_j softplus(-z (t·s + b))`` of the loss over every replica's
-        rows (N: all replicas' rows, no gradient); the shares sum to the loss of the whole batch."""
+        rows (N: all replicas' rows, no gradient); the shares sum to the loss of the whole batch. ``logit_scale``,
+        ``logit_bias``: t and b instead of this instance's (``base``'s module docstring, "λ and b at call")."""
+        folded, kwargs = self.given_scalars(logit_scale, logit_bias)
+        scale, bias = kwargs.get("logit_scale", self.scale), kwargs.get("logit_bias", self.bias)
         rows = tf.cast(tf.shape(scores_local)[0], tf.float32)
-        local_sum = sigmoid_loss(relevance_local, tf.cast(scores_local, tf.float32), self.scale, self.bias) * rows
+        local_sum = sigmoid_loss(relevance_local, folded.apply(tf.cast(scores_local, tf.float32)), scale, bias) * rows
         return local_sum / tf.maximum(tf.reshape(replica_sum(tf.stop_gradient(rows)), []), 1.0)
 
     def tiled_loss(
@@ -102,16 +106,21 @@ class SigmoidLoss(RetrievalLoss):
         tile_size: int | None = None,
         ignore_negative_ids: bool = False,
         across_replicas: bool = False,
+        logit_scale=None,
+        logit_bias=None,
     ) -> tf.Tensor:
         """This loss by the tiled path (``tiled_sigmoid.tiled_sigmoid_loss``: no ``[N, M]`` logits, forward or
-        backward); ``across_replicas``: this replica's share of the loss of every replica's rows."""
+        backward); ``across_replicas``: this replica's share of the loss of every replica's rows; ``logit_scale``,
+        ``logit_bias``: t and b instead of this instance's (``base``'s module docstring, "λ and b at call")."""
+        folded, kwargs = self.given_scalars(logit_scale, logit_bias)
+        query_emb, doc_emb = self.fold_into_embeddings(query_emb, doc_emb, folded)
         return tiled_sigmoid_loss(
             query_emb,
             doc_emb,
             query_ids,
             doc_ids,
-            self.scale,
-            self.bias,
+            kwargs.get("logit_scale", self.scale),
+            kwargs.get("logit_bias", self.bias),
             tile_size,
             ignore_negative_ids,
             across_replicas,

@@ -113,13 +113,15 @@ class SoftmaxFamilyLoss(RetrievalLoss):
         """One direction (queries -> documents) of this loss by the tiled path, ``tiled.tiled_softmax_loss`` with
         this instance's hyper-parameters (``bidirectional`` is the caller's: swap the arguments for the other).
         ``across_replicas``: this replica's share of the loss of every replica's rows (sharded + tiled);
-        ``logit_scale``: a λ tensor instead of this instance's λ (a loss that ``needs_cosine``, as in :meth:`call`)."""
+        ``logit_scale``: λ instead of this instance's (``base``'s module docstring, "λ and b at call")."""
+        folded, kwargs = self.given_scalars(logit_scale)
+        query_emb, doc_emb = self.fold_into_embeddings(query_emb, doc_emb, folded)
         return tiled_softmax_loss(
             query_emb,
             doc_emb,
             query_ids,
             doc_ids,
-            self._scale_for(logit_scale),
+            kwargs.get("logit_scale", self.scale),
             self.cross_example,
             self.negative_fraction,
             self.top_k,
@@ -133,21 +135,18 @@ class SoftmaxFamilyLoss(RetrievalLoss):
     def sharded_share(self, relevance_local, scores_local, logit_scale=None) -> tf.Tensor:
         """One direction of this replica's share of the loss (``sharded.sharded_softmax_loss``): its rows
         ``[n, M]`` against every replica's documents; the shares of all replicas sum to the loss.
-        ``logit_scale``: a λ tensor instead of this instance's λ (a loss that ``needs_cosine``, as in :meth:`call`)."""
+        ``logit_scale``: λ instead of this instance's (``base``'s module docstring, "λ and b at call")."""
+        folded, kwargs = self.given_scalars(logit_scale)
         return sharded_softmax_loss(
             relevance_local,
-            scores_local,
-            self._scale_for(logit_scale),
+            folded.apply(scores_local),
+            kwargs.get("logit_scale", self.scale),
             self.cross_example,
             self.negative_fraction,
             self.top_k,
             positive_cosine=self.positive_cosine,
             owner=self.name,
         )
-
-    def _scale_for(self, logit_scale) -> float | tf.Tensor:
-        """λ of one evaluation: this instance's, or the given ``logit_scale`` tensor (``given_logit_scale``)."""
-        return self.scale if logit_scale is None else self.given_logit_scale(logit_scale)
 
 
 __all__ = ["SoftmaxFamilyLoss"]

@@ -172,13 +172,13 @@ class ModelConfig:
     Similarity is the cosine of the L2-normalised embeddings. ``logit_scale`` is the one home of λ (``l = λ·S``):
     the retrieval task gives it to any loss that has a logit scale (``scale=λ``, ``temperature=1/λ``, ...; see
     ``ce_retrieval.tasks``), and a loss without one has none. With ``learn_logit_scale=True`` the model learns
-    ``log λ`` (initialised to ``log(logit_scale)``, capped at ``max_logit_scale`` as in CLIP), passes ``λ·cos``
-    to the loss and the loss gets λ = 1.
+    ``log λ`` (initialised to ``log(logit_scale)``, capped at ``max_logit_scale`` as in CLIP); the loss is built
+    with λ₀ = ``logit_scale`` either way and is given the current λ at every call.
 
     ``logit_bias`` is the one home of b (``l = λ·S + b``), for a loss that declares a bias (``has_logit_bias``:
     ``SigmoidLoss``, which needs it set) and refused for any other; ``None``: no bias. With
-    ``learn_logit_bias=True`` the model learns b (initialised to ``logit_bias``), passes ``λ·cos + b`` to the
-    loss (applying λ itself, learned or not) and the loss gets λ = 1, b = 0. SigLIP's recipe (Zhai et al. 2023):
+    ``learn_logit_bias=True`` the model learns b (initialised to ``logit_bias``), given to the loss at every
+    call like λ. SigLIP's recipe (Zhai et al. 2023):
     ``logit_scale: 10, learn_logit_scale: true, logit_bias: -10, learn_logit_bias: true``.
     """
 

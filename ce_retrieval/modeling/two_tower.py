@@ -168,11 +168,6 @@ class TwoTowerModel(tf_keras.Model):
         """b as a float32 scalar tensor (the learned value if ``learn_logit_bias``), or None without a bias."""
         return None if self._bias is None else self._bias()
 
-    @property
-    def applies_logit_scale(self) -> bool:
-        """Whether the objective turns S into logits itself (λ learned, or b learned: b is added after λ)."""
-        return self.learn_logit_scale or self.learn_logit_bias
-
     def call(self, inputs: dict, training: bool = False) -> dict[str, tf.Tensor]:
         """``{"caption": [B] str, "image": [B] bytes}`` -> ``{"text": [B, d], "image": [B, d]}`` (either key may
         be absent). No augmentation, whatever ``training`` says."""
@@ -206,8 +201,8 @@ class TwoTowerModel(tf_keras.Model):
         """Sets the retrieval loss and the two optimizers.
 
         ``loss``: a Keras loss on ``(relevance, S)``, normally built by :class:`ce_retrieval.tasks.RetrievalTask`
-        (which gives it λ = ``logit_scale``); a loss with a logit scale must carry this model's λ, or λ = 1 when
-        the model learns λ and applies it itself.
+        (which gives it λ₀ = ``logit_scale``); the model's objective gives a loss with a logit scale the current λ
+        (and b) at every call; a fixed λ (b) must be the loss's own.
         ``jit_compile``: XLA-compile the numeric part of the step (towers, gather, loss, gradients).
         ``on_bad_batch``: a step whose loss or gradients are NaN/Inf, or whose batch has no positive pair, is
         never applied silently (XLA drops the losses' own checks): ``"stop"`` raises an error naming the step;

@@ -1,7 +1,7 @@
 """b, the logit bias of ``l = λ·S + b`` (SigLIP): a fixed number, or learned.
 
-    b = b₀        (fixed: the loss adds it itself, as its ``bias``)
-    b = b_var,  b_var₀ = b₀   (learned: the objective adds it after λ; the loss has λ = 1, b = 0)
+    b = b₀                    (fixed: given to the loss as the number b₀)
+    b = b_var,  b_var₀ = b₀   (learned: given to the loss as a tensor; the loss forms λ·S + b once)
 
 The second learned scoring scalar of the objective, shaped like :class:`ce_retrieval.objective.LogitScale`:
 called for its value, listing its ``trainable_variables``. The variable may be lent by a model that tracks it
@@ -40,6 +40,10 @@ class LogitBias:
         if self.learn:
             return tf.cast(tf.identity(self.variable), tf.float32)
         return tf.constant(self.initial, tf.float32)
+
+    def given(self) -> float | tf.Tensor:
+        """b as the loss is given it: the number b₀ when fixed, the float32 tensor when learned."""
+        return self() if self.learn else self.initial
 
     @property
     def trainable_variables(self) -> list:

@@ -1,7 +1,9 @@
 """λ, the logit scale of ``l = λ·S``: a fixed number, or learned as ``s = log λ`` (CLIP), capped.
 
-    λ = λ₀                       (fixed: the loss applies it itself, as its ``scale`` / ``temperature``)
-    λ = min(e^s, λ_max),  s₀ = log λ₀   (learned: the objective multiplies S by it; the loss has λ = 1)
+    λ = λ₀                              (fixed: given to the loss as the number λ₀)
+    λ = min(e^s, λ_max),  s₀ = log λ₀   (learned: given to the loss as a tensor, which it folds into S)
+
+The loss is constructed with λ₀ and given the current λ at every call (``losses/base.py``, "λ and b at call").
 
 One learned scoring scalar of the objective (:class:`ce_retrieval.objective.RetrievalObjective`); the next ones
 (SigLIP's bias b) take the same shape: an object that is called for its value and lists its
@@ -53,6 +55,11 @@ class LogitScale:
         if self.learn:
             return tf.minimum(tf.exp(tf.cast(self.variable, tf.float32)), self.maximum)
         return tf.constant(self.initial, tf.float32)
+
+    def given(self) -> float | tf.Tensor:
+        """λ as the loss is given it: the number λ₀ when fixed (the loss's own arithmetic, as its constructor's
+        value), the float32 tensor when learned."""
+        return self() if self.learn else self.initial
 
     @property
     def trainable_variables(self) -> list:

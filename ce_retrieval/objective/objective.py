@@ -5,10 +5,10 @@ differentiates. One object owns every step between the towers and the optimizer 
       -> gather          D = concat_r D_r, ids = concat_r ids_r   (and Q likewise unless sharded)
       -> similarity      S = Q Dᵀ (cosine of unit vectors); the joint Gram [Q; D][Q; D]ᵀ for a ``needs_gram`` loss
       -> relevance       R_ij = 1[id_i == id_j]                   (from ids; on the tiled paths never materialised)
-      -> λ, b            S·λ (+ b) when λ or b is learned (:class:`LogitScale`, :class:`LogitBias`); a fixed
-                         λ (and b) is the loss's own; a loss that ``needs_cosine`` (the margin softmaxes' λ·ψ(S),
-                         NCA) is given S and the learned λ as a tensor instead; regularisers w·reg(R, S) on the
-                         text × image cosines
+      -> λ, b            the loss is given S (cosines) and the current λ and b (:class:`LogitScale`,
+                         :class:`LogitBias`): ``logit_scale=``, ``logit_bias=`` of every loss path, a number when
+                         fixed and a tensor when learned; the loss applies them (``losses/base.py``, "λ and b at
+                         call"); regularisers w·reg(R, S) on the text × image cosines
       -> path            dense | tiled | sharded | sharded + tiled (``paths.py``; chosen by the config)
       -> loss L, and the replica's share: L / R (replicated) or share_r with Σ_r share_r = L (sharded)
 
@@ -57,13 +57,14 @@ class RetrievalObjective:
 
     Args:
       loss: a Keras loss on ``(relevance, S)``, normally a :class:`ce_retrieval.losses.RetrievalLoss`; a loss with
-        a logit scale carries λ₀ when λ is fixed, or λ = 1 when it is learned (``tasks.build_loss`` does both).
+        a logit scale (bias) is given the current λ (b) at every call, which replaces its own; a fixed λ (b) must
+        equal the loss's (``tasks.build_loss`` builds it with λ₀ and b₀, learned or not).
       logit_scale: λ₀, or a :class:`LogitScale` (e.g. one whose variable a model tracks).
       learn_logit_scale, max_logit_scale: learn ``log λ``, capped at λ_max (with a number ``logit_scale``).
       partition: ``"replicated"`` or ``"sharded"`` (``paths.LOSS_PARTITIONS``).
       tile_size: ``0`` (dense), a positive tile width, or ``"auto"``.
       logit_bias, learn_logit_bias: b of ``l = λ·S + b`` for a loss that declares one (SigLIP; ``None``: no
-        bias), or a :class:`LogitBias`; learned, the objective applies λ and b itself and the loss has λ = 1, b = 0.
+        bias), or a :class:`LogitBias`.
       regularizers: ``[(weight, loss)]`` added as ``Σ w·reg(R, S)`` on the text × image cosine matrix, before λ
         and b (Threshold-Consistent Margin's margins are cosines); on the paths each regulariser declares.
     """
@@ -97,24 +98,15 @@ class RetrievalObjective:
         #: caller can check which path a compiled step took; None before any call.
         self.last_path: paths.LossPath | None = None
 
-    @property
-    def learns_bias(self) -> bool:
-        return self.logit_bias is not None and self.logit_bias.learn
-
-    @property
-    def applies_scale(self) -> bool:
-        """Whether the objective turns S into logits itself (λ learned, or b learned: b is added after λ)."""
-        return self.logit_scale.learn or self.learns_bias
-
-    @property
-    def passes_scale(self) -> bool:
-        """Whether the loss is given S and λ apart (a learned λ, to a loss that ``needs_cosine``: its margin, or
-        NCA's clamped distance, acts on cosines, and it applies λ after that)."""
-        return self.applies_scale and paths.capability(self.loss, "needs_cosine")
-
-    def loss_kwargs(self) -> dict:
-        """``{"logit_scale": λ}`` where the loss is given λ apart (:attr:`passes_scale`), else ``{}``."""
-        return {"logit_scale": self.logit_scale()} if self.passes_scale else {}
+    def loss_scalars(self) -> dict:
+        """λ and b as the loss is given them at every call (``logit_scale=``, ``logit_bias=``; a number when fixed,
+        the float32 tensor when learned), for a loss that has them; {} for one that has neither."""
+        scalars = {}
+        if getattr(self.loss, "logit_scale", None) is not None:
+            scalars["logit_scale"] = self.logit_scale.given()
+        if self.logit_bias is not None:
+            scalars["logit_bias"] = self.logit_bias.given()
+        return scalars
 
     @property
     def trainable_variables(self) -> list:
@@ -133,15 +125,6 @@ class RetrievalObjective:
     def path(self, num_rows: int | None) -> paths.LossPath:
         """The path a call takes for a global batch of ``num_rows`` (partition and tile width)."""
         return paths.LossPath(self.partition, self.tile_for(num_rows), num_rows)
-
-    def loss_scores(self, scores: tf.Tensor) -> tf.Tensor:
-        """What the loss is given: ``λ·S`` (+ ``b`` when b is learned) where the objective applies λ to S, else ``S``
-        (λ fixed, or given apart: :attr:`passes_scale`)."""
-        if self.applies_scale and not self.passes_scale:
-            scores = scores * self.logit_scale()
-        if self.learns_bias:
-            scores = scores + self.logit_bias()
-        return scores
 
     def regularization(self, relevance, cosine) -> tf.Tensor:
         """``Σ w · reg(R, cos)`` of the regularisers on the text × image cosines, before λ and b (0 without any)."""
@@ -189,7 +172,7 @@ class RetrievalObjective:
         else:
             loss_relevance, loss_scores = relevance, cosine
         # unreduced: the share is ours
-        value = self.loss.call(loss_relevance, self.loss_scores(loss_scores), **self.loss_kwargs())
+        value = self.loss.call(loss_relevance, loss_scores, **self.loss_scalars())
         if self.regularizers:  # dense replicated only (paths.check_combination)
             value += self.regularization(relevance, cosine)
         return value, batch_metrics.recall_at_1_dense(cosine, relevance), positive
@@ -205,15 +188,15 @@ class RetrievalObjective:
         else:
             cosine = _cosine(query_emb, docs)
             relevance = relevance_from_ids(query_ids, d_ids)
-            value = self.loss.sharded_share(relevance, self.loss_scores(cosine), **self.loss_kwargs())
+            value = self.loss.sharded_share(relevance, cosine, **self.loss_scalars())
             recall = batch_metrics.recall_at_1_dense(cosine, relevance)
         if getattr(self.loss, "bidirectional", False):  # this replica's document rows against every query
             queries, q_ids = gather_from_replicas(query_emb), gather_from_replicas(query_ids)
             if tile:
                 backward = self._tiled(doc_emb, queries, doc_ids, q_ids, tile, True)
             else:
-                scores = self.loss_scores(_cosine(doc_emb, queries))
-                backward = self.loss.sharded_share(relevance_from_ids(doc_ids, q_ids), scores, **self.loss_kwargs())
+                scores = _cosine(doc_emb, queries)
+                backward = self.loss.sharded_share(relevance_from_ids(doc_ids, q_ids), scores, **self.loss_scalars())
             value = 0.5 * (value + backward)
         return value, recall, positive
 
@@ -226,17 +209,9 @@ class RetrievalObjective:
         return value
 
     def _tiled(self, queries, docs, q_ids, d_ids, tile, across_replicas):
-        """One direction by the tiled path; a learned λ is folded into the queries (logits λ·q·d) or given to a loss
-        that ``needs_cosine``, a learned b into one more column (``[λq, b]·[d, 1] = λ q·d + b``)."""
-        queries = tf.cast(queries, tf.float32)
-        if self.applies_scale and not self.passes_scale:
-            queries = queries * self.logit_scale()
-        if self.learns_bias:
-            docs = tf.cast(docs, tf.float32)
-            queries = tf.concat([queries, tf.fill([tf.shape(queries)[0], 1], self.logit_bias())], 1)
-            docs = tf.concat([docs, tf.ones([tf.shape(docs)[0], 1], tf.float32)], 1)
+        """One direction by the tiled path (the loss folds a learned λ and b into the embeddings)."""
         return self.loss.tiled_loss(
-            queries, docs, q_ids, d_ids, tile, across_replicas=across_replicas, **self.loss_kwargs()
+            queries, docs, q_ids, d_ids, tile, across_replicas=across_replicas, **self.loss_scalars()
         )
 
 
@@ -257,23 +232,17 @@ def _check_loss(loss, logit_scale: LogitScale, logit_bias: LogitBias | None):
         raise TypeError(f"RetrievalObjective: loss must be a Keras Loss, got {loss!r}")
     scale = getattr(loss, "logit_scale", None)  # None: a loss without a logit scale (or a plain Keras loss)
     name = type(loss).__name__
-    learns_bias = logit_bias is not None and logit_bias.learn
-    if logit_scale.learn or learns_bias:
-        flag = "learn_logit_scale" if logit_scale.learn else "learn_logit_bias"
-        if scale is None:
-            raise ValueError(
-                f"{flag}=True multiplies the cosine matrix by the model's λ, which only a loss with a "
-                f"logit scale expects; {name} has none"
-            )
-        if abs(float(scale) - 1.0) > 1e-6:
-            raise ValueError(
-                f"{flag}=True: the model applies λ itself, so the loss must have "
-                f"λ = 1, e.g. scale=1.0 (got {name} with λ = {scale:g})"
-            )
-    elif scale is not None and abs(float(scale) - logit_scale.initial) > 1e-6:
+    if logit_scale.learn and scale is None:
+        raise ValueError(
+            f"learn_logit_scale=True gives the loss a learned λ, which only a loss with a logit scale uses; "
+            f"{name} has none"
+        )
+    # a learned λ replaces the loss's own at every call; a fixed one must be the loss's (no silent replacement)
+    mismatch = scale is not None and abs(float(scale) - logit_scale.initial) > 1e-6 * max(1.0, logit_scale.initial)
+    if mismatch and not logit_scale.learn:
         raise ValueError(
             f"logit scale mismatch: the model's logit_scale is {logit_scale.initial:g} but the loss "
-            f"{name} has λ = {scale:g}; set both to the same λ (RetrievalTask does)"
+            f"{name} has λ = {scale:g}; set both to the same λ₀ (RetrievalTask does)"
         )
     _check_logit_bias(loss, logit_bias)
     return loss
@@ -295,11 +264,11 @@ def _check_logit_bias(loss, logit_bias: LogitBias | None) -> None:
             f"the model has a logit bias (logit_bias={logit_bias.initial:g}) but {name} has none; "
             "a logit bias is only for a loss that declares one (has_logit_bias, e.g. SigmoidLoss)"
         )
-    want = 0.0 if logit_bias.learn else logit_bias.initial
-    if abs(float(bias) - want) > 1e-6:
+    want = logit_bias.initial
+    if not logit_bias.learn and abs(float(bias) - want) > 1e-6:
         raise ValueError(
-            f"logit bias mismatch: {name} has b = {bias:g} but needs b = {want:g} "
-            + ("(the model adds its learned b itself)" if logit_bias.learn else "(the model's logit_bias)")
+            f"logit bias mismatch: {name} has b = {bias:g} but the model's logit_bias (b₀) is {want:g}; "
+            "set both to the same b₀ (RetrievalTask does)"
         )
 
 

@@ -3,14 +3,14 @@
 λ, the logit scale of ``l = λ·S``, has one home: ``model.logit_scale`` (``model.learn_logit_scale`` makes it a
 learned variable of the model). A loss that declares ``has_logit_scale`` receives it through its own
 ``logit_scale_kwargs(λ)`` — ``scale=λ`` for the softmax family, ``temperature=1/λ`` for InfoNCE,
-``scale=λ/2`` for NCA (which scales d² = 2 − 2s) — or λ = 1 when the model applies a learned λ itself. A loss
-without a logit scale simply has none. ``loss.kwargs`` holds every other hyper-parameter; a λ key there, or a key
+``scale=λ/2`` for NCA (which scales d² = 2 − 2s): λ₀, learned or not (a learned λ is given to the loss at every
+call by the retrieval objective, ``losses/base.py``, "λ and b at call"). A loss without a logit scale simply has
+none. ``loss.kwargs`` holds every other hyper-parameter; a λ key there, or a key
 the loss does not take, is an error that names it and lists what the loss accepts.
 
 b, the logit bias of ``l = λ·S + b`` (SigLIP), has one home too: ``model.logit_bias``, given to a loss that
 declares ``has_logit_bias`` through ``logit_bias_kwargs(b)`` (``bias=b``); such a loss needs it set, and any other
-loss refuses it. With ``model.learn_logit_bias`` the retrieval objective adds the model's learned b after applying λ
-itself (learned or not), so the loss gets λ = 1 and b = 0.
+loss refuses it: b₀, learned or not, like λ.
 
 ``loss.regularizers`` (:func:`build_regularizers`) are terms ``weight · R(relevance, cos)`` that the retrieval
 objective adds to the loss on the text × image cosine matrix, before λ and b: Threshold-Consistent Margin's
@@ -20,7 +20,7 @@ path only). A regulariser is a registered loss without a logit scale, proxies or
 In the two-tower model the columns of S are the batch's images. Proxy losses (``needs_proxies``) read them as
 one centre per image (so SoftTriple's ``proxies_per_class`` is 1); losses that need a Gram matrix of one
 embedding set (``needs_gram``) are given the joint Gram matrix of ``[text; image]`` by the retrieval objective
-(``ce_retrieval.objective``), which also applies a learned λ.
+(``ce_retrieval.objective``), which also gives the loss a learned λ.
 """
 
 from __future__ import annotations
@@ -69,17 +69,16 @@ def build_loss(loss_cfg: LossConfig, model_cfg: ModelConfig) -> RetrievalLoss:
         takes = ", ".join(k for k in accepted if k not in scale_keys and k != "name") or "no hyper-parameters"
         raise ValueError(f"loss.kwargs: {cls.__name__} does not take {', '.join(unknown)}; it takes {takes}")
     _check_logit_bias(cls, model_cfg)
-    applies_scale = model_cfg.learn_logit_scale or model_cfg.learn_logit_bias  # the model multiplies S by λ
     if model_cfg.learn_logit_scale and not cls.has_logit_scale:
         with_scale = ", ".join(n for n in losses.available() if losses.lookup(n).has_logit_scale)
         raise ValueError(
-            f"model.learn_logit_scale=True multiplies S by a learned λ, which only a loss with a logit scale uses; "
+            f"model.learn_logit_scale=True gives the loss a learned λ, which only a loss with a logit scale uses; "
             f"{cls.__name__} has none (losses with one: {with_scale})"
         )
     if cls.has_logit_scale:
-        kwargs.update(cls.logit_scale_kwargs(1.0 if applies_scale else model_cfg.logit_scale))
+        kwargs.update(cls.logit_scale_kwargs(model_cfg.logit_scale))
     if cls.has_logit_bias:
-        kwargs.update(cls.logit_bias_kwargs(0.0 if model_cfg.learn_logit_bias else model_cfg.logit_bias))
+        kwargs.update(cls.logit_bias_kwargs(model_cfg.logit_bias))
     if cls.needs_proxies and "proxies_per_class" in accepted:
         per_class = int(kwargs.setdefault("proxies_per_class", 1))
         if per_class != 1:

@@ -373,27 +373,52 @@ NEEDS_COSINE = {
 
 
 @pytest.mark.parametrize("name", sorted(n for n in CLASSES if CLASSES[n].has_logit_scale))
-def test_a_learned_lambda_reaches_every_loss_as_its_own(name):
-    """A loss linear in S gets a learned λ as ``λ·S`` with its own λ = 1; a loss that ``needs_cosine`` (and only
-    such a loss: on ``λ·S`` it would differ) gets S and λ as ``logit_scale=``. Either way, its fixed-λ value."""
-    cls, lam = CLASSES[name], 20.0
+def test_a_given_lambda_reaches_every_loss_one_way(name):
+    """λ (and b) given at call, a number or a learned tensor, replace the instance's: the value and the gradient
+    w.r.t. S are the fixed-λ loss's at that λ. A loss linear in S folds a tensor into ``λ·S + b``; one that
+    ``needs_cosine`` (and only such a loss: on ``λ·S`` it would differ) applies λ after its transform."""
+    cls, lam, bias = CLASSES[name], 20.0, -4.0
     assert cls.needs_cosine == (name in NEEDS_COSINE)
-    fixed = cls(**cls.logit_scale_kwargs(lam), **cls.logit_bias_kwargs(-4.0))
-    unit = cls(**cls.logit_scale_kwargs(1.0), **cls.logit_bias_kwargs(-4.0))
+    fixed = cls(**cls.logit_scale_kwargs(lam), **cls.logit_bias_kwargs(bias))
+    other = cls(**cls.logit_scale_kwargs(3.0), **cls.logit_bias_kwargs(1.5))  # replaced at call
     if cls.annealed:
         fixed.step.assign(10_000)
-        unit.step.assign(10_000)
+        other.step.assign(10_000)
     relevance, scores = inputs_for(fixed)
-    want = float(fixed(relevance, scores))
-    on_scaled = float(unit(relevance, lam * scores))
-    if name in NEEDS_COSINE:
+    scores = tf.constant(scores)
+
+    def value_and_grad(loss, **given):
+        with tf.GradientTape() as tape:
+            tape.watch(scores)
+            value = loss.call(relevance, scores, **given)
+        return float(value), tape.gradient(value, scores).numpy()
+
+    want, want_grad = value_and_grad(fixed)
+    bias_kwargs = {"logit_bias": bias} if cls.has_logit_bias else {}
+    for given in (
+        {"logit_scale": lam, **bias_kwargs},  # numbers (a fixed λ)
+        {"logit_scale": tf.constant(lam), **bias_kwargs},  # a learned λ
+        {"logit_scale": tf.constant(lam), **{k: tf.constant(v) for k, v in bias_kwargs.items()}},  # and b
+    ):
+        got, got_grad = value_and_grad(other, **given)
+        assert got == pytest.approx(want, rel=1e-5), (name, given)
+        np.testing.assert_allclose(got_grad, want_grad, rtol=1e-4, atol=1e-6, err_msg=name)
+    unit = cls(**cls.logit_scale_kwargs(1.0), **cls.logit_bias_kwargs(0.0))
+    if cls.annealed:
+        unit.step.assign(10_000)
+    on_scaled = float(unit(relevance, lam * scores + (bias if cls.has_logit_bias else 0.0)))
+    if name in NEEDS_COSINE:  # why such a loss is not given λ·S
         assert abs(on_scaled - want) > 1e-3 * abs(want), name
-        got = unit.call(relevance, scores, logit_scale=tf.constant(lam))
-        assert float(got) == pytest.approx(want, rel=1e-5), name
     else:
         assert on_scaled == pytest.approx(want, rel=1e-5), name
-        with pytest.raises(ValueError, match="is linear in S: give it λ·S"):
-            unit.call(relevance, scores, logit_scale=tf.constant(lam))
+
+
+def test_a_loss_refuses_a_scalar_it_does_not_have():
+    relevance, scores = inputs_for(CLASSES["TripletLoss"]())
+    with pytest.raises(ValueError, match="TripletLoss has no logit scale"):
+        CLASSES["TripletLoss"]().call(relevance, scores, logit_scale=tf.constant(20.0))
+    with pytest.raises(ValueError, match="CrossExampleSoftmax has no logit bias"):
+        CLASSES["CrossExampleSoftmax"]().call(relevance, scores, logit_bias=-4.0)
 
 
 # ---- XLA, mixed precision, functional API ------------------------------------------------------------------

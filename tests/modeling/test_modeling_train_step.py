@@ -6,7 +6,7 @@ import tensorflow as tf
 import tf_keras
 from modeling_fixtures import make_batch, tiny_config
 
-from ce_retrieval.losses import SampledSoftmax
+from ce_retrieval.losses import SampledSoftmax, TripletLoss
 from ce_retrieval.modeling import OptimizerConfig, WarmupLinearDecay, build_optimizers, build_two_tower
 
 
@@ -103,8 +103,8 @@ def test_logit_scale_wiring(vocab_file):
     learned = _compiled(vocab_file, run_eagerly=True, learn_logit_scale=True)  # eager: 2 steps, no tracing
     assert float(learned.logit_scale) == pytest.approx(20.0, rel=1e-5)
     assert any(v is learned.log_logit_scale for v in learned.text_variables)
-    with pytest.raises(ValueError, match="scale=1.0"):
-        learned.compile(loss=SampledSoftmax(scale=20.0), **opts)  # raises before changing the compiled state
+    with pytest.raises(ValueError, match="TripletLoss has none"):
+        learned.compile(loss=TripletLoss(), **opts)  # raises before changing the compiled state
     logs = learned.fit(tf.data.Dataset.from_tensors(make_batch()).repeat(2), verbose=0).history
     assert "logit_scale" in logs
     assert float(learned.logit_scale) != pytest.approx(20.0, rel=1e-7)

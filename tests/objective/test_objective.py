@@ -167,8 +167,8 @@ def test_impossible_combinations_name_the_alternatives():
         RetrievalObjective(losses.CrossExampleSoftmax(), partition="local")
     with pytest.raises(ValueError, match="logit scale mismatch"):
         RetrievalObjective(losses.CrossExampleSoftmax(scale=10.0), logit_scale=20.0)
-    with pytest.raises(ValueError, match="the loss must have λ = 1"):
-        RetrievalObjective(losses.CrossExampleSoftmax(scale=20.0), logit_scale=20.0, learn_logit_scale=True)
+    with pytest.raises(ValueError, match="TripletLoss has none"):
+        RetrievalObjective(losses.TripletLoss(), learn_logit_scale=True)
 
 
 def test_batch_metrics_tiled_equal_dense():

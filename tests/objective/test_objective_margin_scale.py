@@ -27,7 +27,7 @@ MARGIN_LOSSES = ["LargeMarginSoftmax", "AngularSoftmax", "AdditiveMarginSoftmax"
 
 
 def margin_loss(name, learn, value=20.0, **kwargs):
-    """The loss as the task builds it (λ = 1 in the loss when learned); A-Softmax annealed to its floor λ_a = 5, so
+    """The loss as the task builds it (λ₀ in the loss, learned or not); A-Softmax annealed to its floor λ_a = 5, so
     that its margin is not the softmax's."""
     loss = build_loss(LossConfig(name=name, kwargs=kwargs), ModelConfig(logit_scale=value, learn_logit_scale=learn))
     if loss.annealed:

@@ -102,10 +102,10 @@ def test_each_loss_gets_lambda_in_its_own_parametrisation(name, key, expected):
     assert loss.logit_scale == pytest.approx(7.0)
 
 
-def test_learned_lambda_gives_the_loss_lambda_one_and_needs_a_logit_scale():
+def test_learned_lambda_gives_the_loss_its_start_and_needs_a_logit_scale():
     cfg = _experiment("SampledSoftmax")
-    cfg.model = dataclasses.replace(cfg.model, learn_logit_scale=True)
-    assert RetrievalTask(cfg).build_loss().logit_scale == pytest.approx(1.0)
+    cfg.model = dataclasses.replace(cfg.model, logit_scale=7.0, learn_logit_scale=True)
+    assert RetrievalTask(cfg).build_loss().logit_scale == pytest.approx(7.0)  # λ₀; the objective gives it λ
     cfg.loss = LossConfig(name="TripletLoss")
     with pytest.raises(ValueError, match="TripletLoss has none"):
         RetrievalTask(cfg).build_loss()

@@ -68,7 +68,7 @@ def test_bad_regularizers_are_named():
 @pytest.mark.parametrize(
     "loss, model",
     [
-        ("SampledSoftmax", dict(learn_logit_scale=True)),  # the model multiplies S by a learned λ
+        ("SampledSoftmax", dict(learn_logit_scale=True)),  # the loss folds a learned λ into S
         ("SigmoidLoss", dict(logit_scale=10.0, learn_logit_scale=True, logit_bias=-10.0, learn_logit_bias=True)),
         ("CrossExampleSoftmax", {}),  # fixed λ: the loss applies it
     ],
@@ -79,7 +79,7 @@ def test_tcm_sees_cosines_whatever_the_model_does_to_the_logits(vocab, loss, mod
     task = RetrievalTask(cfg)
     compiled = task.build_compiled_model(vocab, total_steps=5)
     value, cosine, relevance = loss_cosine_relevance(compiled, make_batch())
-    plain = float(compiled.retrieval_loss(relevance, compiled.objective.loss_scores(cosine)))
+    plain = float(compiled.retrieval_loss.call(relevance, cosine, **compiled.objective.loss_scalars()))
     tcm = ref.threshold_consistent_margin(relevance.numpy(), cosine.numpy().astype(np.float64))
     assert tcm > 0.05  # the term is there to be seen
     np.testing.assert_allclose(float(value), plain + 0.7 * tcm, rtol=1e-5)

@@ -40,22 +40,22 @@ def test_the_siglip_yaml_config_learns_t_and_b_from_the_papers_init():
     m = cfg.model
     assert (m.logit_scale, m.learn_logit_scale, m.logit_bias, m.learn_logit_bias) == (10.0, True, -10.0, True)
     loss = build_loss(cfg.loss, cfg.model)
-    assert type(loss) is losses.SigmoidLoss and (loss.scale, loss.bias) == (1.0, 0.0)  # the model applies t and b
+    assert type(loss) is losses.SigmoidLoss and (loss.scale, loss.bias) == (10.0, -10.0)  # t₀, b₀: learned at call
     # the same through --params_override on the demo config
     demo = configs.load_experiment(
         resolve_config("synthetic_demo"),
         ["loss.name=sigmoid_loss", "model.logit_scale=10", "model.logit_bias=-10", "model.learn_logit_bias=true"],
     )
     loss = build_loss(demo.loss, demo.model)
-    assert (loss.scale, loss.bias) == (1.0, 0.0)  # a learned b: the model applies its (fixed) λ too
+    assert (loss.scale, loss.bias) == (10.0, -10.0)  # t₀ and b₀ whether learned or not
 
 
 @pytest.mark.parametrize(
     "model, scale, bias",
     [
-        (dict(logit_scale=7.0, logit_bias=-3.0), 7.0, -3.0),  # both fixed: the loss applies them
-        (dict(logit_scale=7.0, logit_bias=-3.0, learn_logit_scale=True), 1.0, -3.0),  # model: λ·S; loss: + b
-        (dict(logit_scale=7.0, logit_bias=-3.0, learn_logit_bias=True), 1.0, 0.0),  # model: λ·S + b
+        (dict(logit_scale=7.0, logit_bias=-3.0), 7.0, -3.0),  # both fixed
+        (dict(logit_scale=7.0, logit_bias=-3.0, learn_logit_scale=True), 7.0, -3.0),  # t learned: t₀
+        (dict(logit_scale=7.0, logit_bias=-3.0, learn_logit_bias=True), 7.0, -3.0),  # b learned: b₀
     ],
 )
 def test_the_loss_gets_t_and_b_from_the_model_config(model, scale, bias):
@@ -85,16 +85,15 @@ def test_the_model_refuses_a_loss_whose_bias_does_not_fit(vocab):
     with pytest.raises(ValueError, match="the model has none: give the model logit_bias"):
         plain.compile(loss=losses.SigmoidLoss(scale=20.0), **opts())
     fixed = build_two_tower(tiny_config(logit_scale=10.0, logit_bias=-10.0), vocab)
-    assert float(fixed.logit_bias) == -10.0 and not fixed.applies_logit_scale
+    assert float(fixed.logit_bias) == -10.0
     with pytest.raises(ValueError, match="logit bias mismatch"):
         fixed.compile(loss=losses.SigmoidLoss(scale=10.0, bias=-5.0), **opts())
     with pytest.raises(ValueError, match="only for a loss that declares one"):
         fixed.compile(loss=losses.SampledSoftmax(scale=10.0), **opts())
     learned = build_two_tower(tiny_config(logit_scale=10.0, logit_bias=-10.0, learn_logit_bias=True), vocab)
-    with pytest.raises(ValueError, match="learn_logit_bias=True: the model applies λ itself"):
-        learned.compile(loss=losses.SigmoidLoss(scale=10.0, bias=0.0), **opts())
-    with pytest.raises(ValueError, match="the model adds its learned b itself"):
-        learned.compile(loss=losses.SigmoidLoss(scale=1.0, bias=-10.0), **opts())
+    with pytest.raises(ValueError, match="logit scale mismatch"):  # a learned b replaces the loss's; a fixed λ not
+        learned.compile(loss=losses.SigmoidLoss(scale=1.0, bias=0.0), **opts())
+    learned.compile(loss=losses.SigmoidLoss(scale=10.0, bias=3.0), **opts())  # b: replaced at every call
     assert plain.logit_bias is None
     tf_keras.backend.clear_session()
 
