@@ -40,7 +40,7 @@ from ce_retrieval.losses.relevance import relevance_from_ids
 from ce_retrieval.objective import batch_metrics, paths
 from ce_retrieval.objective.logit_bias import LogitBias
 from ce_retrieval.objective.logit_scale import DEFAULT_LOGIT_SCALE, DEFAULT_MAX_LOGIT_SCALE, LogitScale
-from ce_retrieval.utils.replicas import gather_from_replicas, num_replicas
+from ce_retrieval.utils.replicas import gather_from_replicas, num_replicas, replica_offset
 
 
 class ObjectiveResult(NamedTuple):
@@ -149,13 +149,15 @@ class RetrievalObjective:
             if self.partition == "sharded":
                 value, recall, positive = self._sharded(query_emb, doc_emb, query_ids, doc_ids, tile)
                 return ObjectiveResult(value * float(replicas), value, recall, positive)
-            value, recall, positive = self._replicated(query_emb, doc_emb, query_ids, doc_ids, tile)
+            value, recall, positive = self._replicated(query_emb, doc_emb, query_ids, doc_ids, tile, paired)
             return ObjectiveResult(value, value / float(replicas), recall, positive)
 
     # ---- replicated: every replica computes L of the global batch ------------------------------------------------
 
-    def _replicated(self, query_emb, doc_emb, query_ids, doc_ids, tile):
-        queries, docs = gather_from_replicas(query_emb), gather_from_replicas(doc_emb)
+    def _replicated(self, query_emb, doc_emb, query_ids, doc_ids, tile, paired):
+        offset = replica_offset(query_emb)  # this replica's first row: the same for paired documents
+        queries = gather_from_replicas(query_emb, offset)
+        docs = gather_from_replicas(doc_emb, offset if paired else None)
         q_ids, d_ids = gather_from_replicas(query_ids), gather_from_replicas(doc_ids)
         positive = batch_metrics.has_positive(q_ids, d_ids)
         if tile:
