@@ -173,7 +173,7 @@ def markdown(record: dict) -> str:
     lines = [
         "# Guarantee coverage: do the precision promises hold on test? (#29 part 2)",
         "",
-        f"Command: `{record['command']}`. {record['num_runs']} suite runs from `{record['runs_dir']}` "
+        f"Command: `{record['command']}`. {record['num_runs']} runs from `{record['runs_dir']}` "
         f"({', '.join(record['regimes'])}; objectives {', '.join(record['objectives'])}; seeds pooled), "
         f"delta = {record['delta']} (target: >= {100 * (1 - record['delta']):.0f} % of promises kept), "
         f"{record['resamples']} resamples per validation size below the whole split.",
@@ -200,7 +200,7 @@ def markdown(record: dict) -> str:
         "",
         "## Recall at guaranteed precision, by objective (whole validation split, test gallery as it is)",
         "",
-        "Mean ± sd over the objective's runs (seeds; the suite's draw-0 features), refused levels counted as 0; "
+        "Mean ± sd over the objective's runs (seeds; a suite run's draw-0 features), refused levels counted as 0; "
         "certified: runs whose calibration certified the level; kept: of those, runs whose promise held on test.",
         "",
         "| regime | family | objective | level | recall | certified | kept |",

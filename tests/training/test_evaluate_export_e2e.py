@@ -111,3 +111,38 @@ def test_index_command_embeds_calibrates_and_builds(exported, trained, tmp_path)
     assert manifest["gallery"]["distractors"] == 5 and manifest["gallery"]["calibration_split"] == "val"
     assert manifest["thresholds"]["guaranteed"]["gallery_size"] == manifest["num_items"]
     assert manifest["thresholds"]["calibration"]["source"] == {"split": "val"}
+
+
+@pytest.mark.slow
+def test_the_demo_coverage_study_embeds_each_model_and_checks_its_promises(model_dir, trained, tmp_path):
+    """``benchmarks/quality/demo_coverage.py`` then ``guarantee_coverage.py`` on a demo-seeds layout whose three
+    models are this trained model: the arrays are the towers' embeddings of the validation and test splits and of
+    distractors no caption is about, and every promise is checked on the galleries they allow."""
+    import os
+
+    from benchmarks.quality import demo_coverage, guarantee_coverage
+    from ce_retrieval.evaluation.embed import embed_split
+
+    seed_dir = tmp_path / "demo_seeds" / "seed3"
+    for sub, _ in demo_coverage.MODELS:
+        (seed_dir / sub).parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(model_dir, seed_dir / sub)
+    (tmp_path / "demo_seeds" / "seed9").mkdir()  # no models: not a run
+    out = tmp_path / "coverage"
+    args = ["--demo_runs", str(tmp_path / "demo_seeds"), "--out", str(out), "--distractors", "108"]
+    assert demo_coverage.main(args) == 0
+    _, model, test = trained
+    q, d, q_ids, d_ids = embed_split(model.text_encoder, model.image_encoder, test)
+    for _, label in demo_coverage.MODELS:
+        with np.load(out / "runs" / "demo" / "scenes" / f"{label}-seed3.npz") as z:
+            np.testing.assert_allclose(z["q"], q, atol=1e-5)
+            np.testing.assert_allclose(z["d"], d, atol=1e-5)
+            assert np.array_equal(z["q_ids"], q_ids) and np.array_equal(z["d_ids"], d_ids)
+            assert z["val_q"].shape[0] == len(z["val_q_ids"]) > 0 and z["promise_d"].shape == (108, d.shape[1])
+    results = tmp_path / "results"
+    argv = ["--runs", str(out), "--results", str(results), "--name", "cov", "--resamples", "1"]
+    assert guarantee_coverage.main(argv) == 0
+    record = json.loads((results / "cov.json").read_text())
+    assert record["num_runs"] == 3 and record["regimes"] == ["demo"] and record["objectives"] == ["CE", "SS", "SigLIP"]
+    galleries = {g["multiplier"] for g in record["groups"]}
+    assert galleries == {1, 10}, galleries  # 12 test images and 108 distractors: x1 and x10, not x100
