@@ -200,3 +200,47 @@ def test_half_precision_embeddings_on_every_path(dtype, partition, tile):
     for g, w in zip(got_grads, want_grads, strict=True):
         assert g.dtype == dtype
         assert_close(tf.cast(g, tf.float32), tf.cast(w, tf.float32), rtol=1e-2, atol=1e-3)
+
+
+@pytest.mark.parametrize("learn", [False, True])
+@pytest.mark.parametrize("partition, tile", [("replicated", 0), ("replicated", 3), ("sharded", 0), ("sharded", 3)])
+def test_lambda_and_b_reach_the_loss_one_way(partition, tile, learn):
+    """On every path the objective gives the loss the cosines (or the embeddings) as they are and λ and b as
+    ``logit_scale=`` / ``logit_bias=``: the number λ₀ when fixed, the tensor when learned; it never scales S itself."""
+    seen = []
+
+    class Spy(losses.SigmoidLoss):
+        def call(self, y_true, y_pred, **given):
+            seen.append(("call", y_pred, given))
+            return super().call(y_true, y_pred, **given)
+
+        def sharded_share(self, relevance, scores, **given):
+            seen.append(("sharded_share", scores, given))
+            return super().sharded_share(relevance, scores, **given)
+
+        def tiled_loss(self, queries, docs, *args, **given):
+            seen.append(("tiled_loss", queries, {k: v for k, v in given.items() if k.startswith("logit_")}))
+            return super().tiled_loss(queries, docs, *args, **given)
+
+    text, image = embeddings()
+    scale = LogitScale(10.0, learn=learn)
+    objective = RetrievalObjective(
+        Spy(scale=10.0, bias=-10.0),
+        scale,
+        partition=partition,
+        tile_size=tile,
+        logit_bias=-10.0,
+        learn_logit_bias=learn,
+    )
+    objective(text, image, IDS)
+    want = "tiled_loss" if tile else ("sharded_share" if partition == "sharded" else "call")
+    assert [name for name, _, _ in seen] == [want]
+    _, given_input, given = seen[0]
+    assert set(given) == {"logit_scale", "logit_bias"}
+    if learn:
+        assert all(tf.is_tensor(v) for v in given.values())
+        np.testing.assert_allclose([float(given["logit_scale"]), float(given["logit_bias"])], [10.0, -10.0], rtol=1e-6)
+    else:
+        assert given == {"logit_scale": 10.0, "logit_bias": -10.0}
+    expected = text if tile else tf.matmul(text, image, transpose_b=True)  # unscaled: the loss applies λ and b
+    np.testing.assert_allclose(given_input.numpy(), expected.numpy(), rtol=1e-6, atol=1e-7)
