@@ -1,0 +1,39 @@
+"""The main job reuses a trained model only if it was trained with the config it would train now
+(``ce_retrieval/cli/demo.py``: ``_train_once``, ``config_changes``): a model of another config is refused, naming
+the keys, never mixed into a run's figures."""
+
+import dataclasses
+
+import pytest
+
+from ce_retrieval import configs
+from ce_retrieval.cli import demo
+from ce_retrieval.cli.train import resolve_config
+from ce_retrieval.utils.dataclass_yaml import save_yaml
+
+
+def _finished(model_dir, cfg):
+    model_dir.mkdir(parents=True)
+    save_yaml(cfg, str(model_dir / "config.yaml"))
+    (model_dir / "train_summary.json").write_text("{}")
+
+
+def test_a_finished_model_of_the_same_config_is_reused(tmp_path, capsys, monkeypatch):
+    cfg = configs.load_experiment(resolve_config("synthetic_demo"), ["train.seed=3"])
+    _finished(tmp_path / "model", cfg)
+    monkeypatch.setattr("ce_retrieval.training.train", lambda *a, **k: pytest.fail("trained again"))
+    demo._train_once(cfg, str(tmp_path / "model"), retrain=False)
+    assert "already trained with this config" in capsys.readouterr().out
+
+
+def test_a_model_of_another_config_is_refused_with_the_keys(tmp_path):
+    cfg = configs.load_experiment(resolve_config("synthetic_demo"), [])
+    old = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, logit_scale=7.0))
+    _finished(tmp_path / "model", old)
+    with pytest.raises(SystemExit, match=r"another config \(model.logit_scale: 7.0 -> 20.0\): pass --retrain"):
+        demo._train_once(cfg, str(tmp_path / "model"), retrain=False)
+    assert demo.config_changes(cfg, str(tmp_path / "none" / "config.yaml")) == [
+        f"no config.yaml in {tmp_path / 'none'}"
+    ]
+    many = configs.load_experiment(resolve_config("synthetic_demo"), ["train.seed=9", "train.epochs=9"])
+    assert len(demo.config_changes(many, str(tmp_path / "model" / "config.yaml"), limit=1)) == 2  # one, then "2 more"
