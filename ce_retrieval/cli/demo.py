@@ -301,6 +301,7 @@ def _train_once(cfg, model_dir: str, retrain: bool) -> None:
     this very config: a model of another config (other overrides, or defaults changed since) is refused with the
     keys that differ, never reused silently."""
     from ce_retrieval.training import train
+    from ce_retrieval.training.config_changes import config_changes
 
     if retrain or not os.path.exists(os.path.join(model_dir, "train_summary.json")):
         train(cfg, model_dir)
@@ -312,33 +313,6 @@ def _train_once(cfg, model_dir: str, retrain: bool) -> None:
             "pass --retrain to train it again, or another --workdir"
         )
     print(f"[demo] {model_dir}: already trained with this config (use --retrain to train again)")
-
-
-def config_changes(cfg, saved_path: str, limit: int = 5) -> list[str]:
-    """``key: saved -> now`` for each leaf where the config saved at ``saved_path`` differs from ``cfg`` (at most
-    ``limit``, then how many more); every key when none was saved."""
-    from ce_retrieval.utils.dataclass_yaml import to_dict
-
-    if not os.path.exists(saved_path):
-        return [f"no config.yaml in {os.path.dirname(saved_path)}"]
-    import yaml
-
-    with open(saved_path) as f:
-        saved = _leaves(yaml.safe_load(f) or {})
-    now = _leaves(yaml.safe_load(yaml.safe_dump(to_dict(cfg))))  # as it would be saved (tuples as lists)
-    keys = [k for k in sorted(set(saved) | set(now)) if saved.get(k, "(absent)") != now.get(k, "(absent)")]
-    changed = [f"{k}: {saved.get(k, '(absent)')!r} -> {now.get(k, '(absent)')!r}" for k in keys]
-    return changed[:limit] + ([f"{len(changed) - limit} more"] if len(changed) > limit else [])
-
-
-def _leaves(tree, prefix: str = "") -> dict:
-    """``{"a.b": value}`` of a nested dict (lists are leaves)."""
-    if not isinstance(tree, dict):
-        return {prefix: tree}
-    out = {}
-    for key, value in tree.items():
-        out.update(_leaves(value, f"{prefix}.{key}" if prefix else str(key)))
-    return out
 
 
 def _fmt(value, pct: bool | str = True) -> str:

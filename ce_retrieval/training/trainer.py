@@ -74,6 +74,7 @@ def train(cfg, model_dir: str, extra_callbacks=(), print_fn=print) -> dict:
     task.build_loss()  # a wrong loss.name / loss.kwargs fails here, before any data or vocabulary work
     model_dir = os.path.abspath(model_dir)
     out_dir = distribute.worker_dir(model_dir)
+    _check_resumable(cfg, model_dir, os.path.join(out_dir, "backup"))
     os.makedirs(out_dir, exist_ok=True)
     if distribute.is_chief():
         save_yaml(cfg, os.path.join(model_dir, "config.yaml"))
@@ -131,6 +132,21 @@ def train(cfg, model_dir: str, extra_callbacks=(), print_fn=print) -> dict:
     else:
         shutil.rmtree(out_dir, ignore_errors=True)
     return summary
+
+
+def _check_resumable(cfg, model_dir: str, backup_dir: str) -> None:
+    """A backup left by a killed run is resumed only under the config that run had (it was written over
+    ``config.yaml`` at its start); under another config the run stops, naming the keys, before anything is written."""
+    from ce_retrieval.training.config_changes import config_changes
+
+    if not (os.path.isdir(backup_dir) and os.listdir(backup_dir)):
+        return
+    changed = config_changes(cfg, os.path.join(model_dir, "config.yaml"))
+    if changed:
+        raise ValueError(
+            f"{model_dir} holds the backup of a killed run with another config ({'; '.join(changed)}): resume it "
+            "with that config, or train into another model_dir"
+        )
 
 
 def load_trained(model_dir: str, which: str = "best") -> tuple[ExperimentConfig, TwoTowerModel]:
