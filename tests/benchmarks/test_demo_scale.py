@@ -1,0 +1,69 @@
+"""``benchmarks/quality/demo_scale.py``: λ is chosen on the validation split only (no command it runs names the test
+split, and evaluation on val loads no calibration split), by the mean over seeds of PR-AUC + R@1; a model of the
+reuse directory is used only when its saved config equals the one the sweep would train."""
+
+import json
+import pathlib
+
+import yaml
+
+from benchmarks.quality import demo_scale
+from ce_retrieval import configs
+from ce_retrieval.cli.train import resolve_config
+
+# validation figures by (loss, λ, seed): λ = 10 wins CE on the mean although λ = 20 wins seed 0
+FIGS = {
+    ("CrossExampleSoftmax", 10.0): {0: (0.20, 0.30), 1: (0.22, 0.31)},
+    ("CrossExampleSoftmax", 20.0): {0: (0.40, 0.50), 1: (0.02, 0.05)},
+    ("SampledSoftmax", 10.0): {0: (0.10, 0.20), 1: (0.10, 0.20)},
+    ("SampledSoftmax", 20.0): {0: (0.11, 0.21), 1: (0.12, 0.22)},
+}
+
+
+def test_the_choice_reads_the_validation_split_only(tmp_path, monkeypatch):
+    commands = []
+
+    def fake_run(cmd, **kw):
+        commands.append(cmd)
+        if "evaluate" in cmd:
+            model_dir = pathlib.Path(cmd[cmd.index("--model_dir") + 1])
+            seed_dir = model_dir.parent
+            loss, scale = seed_dir.parent.parent.name, float(seed_dir.parent.name.removeprefix("scale"))
+            pr, r1 = FIGS[(loss, scale)][int(seed_dir.name.removeprefix("seed"))]
+            out = pathlib.Path(cmd[cmd.index("--output_dir") + 1])
+            out.mkdir(parents=True, exist_ok=True)
+            summary = {"pr_auc": pr, "t2i_r1": r1, "i2t_r1": r1}
+            (out / f"eval_{cmd[cmd.index('--split') + 1]}.json").write_text(json.dumps({"summary": summary}))
+
+        class Done:
+            returncode = 0
+
+        return Done()
+
+    monkeypatch.setattr(demo_scale.subprocess, "run", fake_run)
+    out = tmp_path / "record"
+    argv = ["--scales", "10", "20", "--seeds", "0", "1", "--workdir", str(tmp_path / "w"), "--out", str(out)]
+    assert demo_scale.main(argv) == 0
+    assert commands and all("test" not in c for c in commands)  # no argument is the test split
+    evaluations = [c for c in commands if "evaluate" in c]
+    assert len(evaluations) == 8 and all(c[c.index("--split") + 1] == "val" for c in evaluations)
+    trains = [c for c in commands if "train" in c]
+    assert any("model.logit_scale=10.0" in c[-1] and "loss.name=SampledSoftmax" in c[-1] for c in trains)
+    record = json.loads(out.with_suffix(".json").read_text())
+    assert record["choice"]["CrossExampleSoftmax"]["chosen"] == 10.0  # mean 0.515 beats 0.485
+    assert record["choice"]["SampledSoftmax"]["chosen"] == 20.0
+    spread = {c["scale"]: c["t2i_r1_spread"] for c in record["choice"]["CrossExampleSoftmax"]["candidates"]}
+    assert abs(spread[20.0] - 0.45) < 1e-9 and abs(spread[10.0] - 0.01) < 1e-9
+    assert "**yes**" in out.with_suffix(".md").read_text()
+
+
+def test_a_model_is_reused_only_under_the_same_config(tmp_path):
+    cfg = configs.load_experiment(resolve_config(demo_scale.CONFIG), [demo_scale.overrides("SampledSoftmax", 10, 3)])
+    model_dir = tmp_path / "seed3" / demo_scale.OBJECTIVES["SampledSoftmax"]
+    model_dir.mkdir(parents=True)
+    (model_dir / "train_summary.json").write_text("{}")
+    (model_dir / "config.yaml").write_text(yaml.safe_dump(configs.to_dict(cfg)))
+    assert demo_scale.reusable("SampledSoftmax", 10.0, 3, tmp_path) == model_dir
+    assert demo_scale.reusable("SampledSoftmax", 20.0, 3, tmp_path) is None  # another λ: trained again
+    assert demo_scale.reusable("CrossExampleSoftmax", 10.0, 3, tmp_path) is None  # nothing there
+    assert demo_scale.reusable("SampledSoftmax", 10.0, 3, None) is None
