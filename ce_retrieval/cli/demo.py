@@ -4,7 +4,8 @@ On the embedded synthetic dataset by default, about ten minutes on a CPU. Each s
 individual commands use (``train``, ``evaluate``, ``export``, ``index``, ``query``); this module only wires
 them into one run under ``--workdir``. Besides the configured model (Cross-Example Softmax by default) it trains
 baselines the same way (``--baseline``, Sampled Softmax and SigLIP's sigmoid loss by default: same config, seed,
-data and steps; only the loss differs, and SigLIP learns its own temperature and bias from t = 10, b = -10) and
+data and steps; only the loss and its temperature differ: each softmax at the λ chosen for it on the validation
+split (``benchmarks/results/demo_scale.md``), SigLIP learning its own t and b from t = 10, b = -10) and
 ends the evaluation with all of them side by side: global PR-AUC, recall, the precision that thresholds calibrated
 on the validation split actually achieve on the test split and the recall at guaranteed precision.
 
@@ -18,12 +19,14 @@ on the validation split actually achieve on the test split and the recall at gua
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import time
 
 __all__ = ["add_arguments", "run"]
 
 DEFAULT_QUERIES = 4
+DEFAULT_BASELINES = "SampledSoftmax@10,SigmoidLoss"
 
 
 def add_arguments(parser) -> None:
@@ -34,8 +37,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--queries", nargs="*", default=None, help="captions to search for (default: test captions)")
     parser.add_argument(
         "--baseline",
-        default="SampledSoftmax,SigmoidLoss",
-        help="comma-separated losses of the comparison models trained the same way ('none' skips them)",
+        default=DEFAULT_BASELINES,
+        help="comma-separated losses of the comparison models trained the same way, each optionally at its own λ "
+        "('SampledSoftmax@10'; without @, model.logit_scale); 'none' skips them. Default: Sampled Softmax at λ 10 "
+        "and SigLIP (its t and b learned), the λ chosen on the validation split for the synthetic demo "
+        "(benchmarks/results/demo_scale.md)",
     )
 
 
@@ -52,15 +58,17 @@ def run(args) -> int:
     model_dir, eval_dir, export_dir = (os.path.join(workdir, p) for p in ("model", "eval", "export"))
     cfg = configs.load_experiment(resolve_config(args.config), args.params_override)
 
-    baselines = baseline_names(args.baseline, cfg.loss.name)
+    baselines = parse_baselines(args.baseline, cfg.loss.name)
     stages = 5 + len(baselines)
-    _stage(1, stages, "train", f"{cfg.name}: {cfg.loss.name} on the {cfg.data.name} dataset -> {model_dir}")
+    what = f"{cfg.name}: {cfg.loss.name} (λ {cfg.model.logit_scale:g}) on the {cfg.data.name} dataset -> {model_dir}"
+    _stage(1, stages, "train", what)
     _train_once(cfg, model_dir, args.retrain)
     base_cfgs = {}
-    for i, name in enumerate(baselines):
+    for i, (name, scale) in enumerate(baselines):
         base_dir = os.path.join(workdir, baseline_dir(i, name), "model")
-        base_cfgs[name] = baseline_config(cfg, name)
-        what = f"{name}, the same model, data, seed and steps -> {base_dir}"
+        base_cfgs[name] = baseline_config(cfg, name, scale)
+        at = "" if scale is None else f" at λ {scale:g}"
+        what = f"{name}{at}, the same model, data, seed and steps -> {base_dir}"
         _stage(2 + i, stages, "train the baseline", what)
         _train_once(base_cfgs[name], base_dir, args.retrain)
     cfg, model = load_trained(model_dir)
@@ -95,12 +103,29 @@ def run(args) -> int:
     return 0 if np.isfinite(report["summary"]["pr_auc"]) else 1
 
 
-def baseline_names(spec: str, configured: str) -> list[str]:
-    """The baselines of ``--baseline`` ("A,B" or "none"), less the configured loss itself, in order."""
+def parse_baselines(spec: str, configured: str) -> list[tuple[str, float | None]]:
+    """The baselines of ``--baseline`` ("A,B@10" or "none") as (loss, λ or None), less the configured loss itself,
+    in order. ``@λ`` trains that baseline at its own λ (``model.logit_scale``), e.g. at the λ chosen for it on the
+    validation split; without it the baseline keeps the configured model's."""
     if str(spec).strip().lower() == "none":
         return []
-    names = [n.strip() for n in str(spec).split(",") if n.strip()]
-    return list(dict.fromkeys(n for n in names if n != configured))
+    out: dict[str, float | None] = {}
+    for item in (n.strip() for n in str(spec).split(",")):
+        if not item:
+            continue
+        name, _, scale = (part.strip() for part in item.partition("@"))
+        if not name:
+            raise ValueError(f"--baseline {spec!r}: an entry has no loss name before '@'")
+        if scale:
+            try:
+                value = float(scale)
+            except ValueError:
+                raise ValueError(f"--baseline {item!r}: λ after '@' must be a number, got {scale!r}") from None
+            if not math.isfinite(value) or value <= 0:
+                raise ValueError(f"--baseline {item!r}: λ must be a positive finite number, got {scale}")
+        if name != configured:
+            out.setdefault(name, float(scale) if scale else None)
+    return list(out.items())
 
 
 def baseline_dir(i: int, name: str) -> str:
@@ -108,12 +133,16 @@ def baseline_dir(i: int, name: str) -> str:
     return "baseline" if i == 0 else f"baseline_{name}"
 
 
-def baseline_config(cfg, baseline: str):
-    """The baseline's experiment: ``cfg`` with only the loss replaced; its hyper-parameters are the baseline's
-    defaults (λ stays model.logit_scale)."""
+def baseline_config(cfg, baseline: str, scale: float | None = None):
+    """The baseline's experiment: ``cfg`` with the loss replaced; its hyper-parameters are the baseline's
+    defaults, and λ is ``scale`` when given (its own, e.g. chosen on the validation split), else
+    model.logit_scale (a loss with a learned bias, SigLIP, starts from its own t and b)."""
     from ce_retrieval.configs.experiment import LossConfig
 
-    return dataclasses.replace(cfg, loss=LossConfig(name=baseline), model=_baseline_model(cfg.model, baseline))
+    model = _baseline_model(cfg.model, baseline)
+    if scale is not None:
+        model = dataclasses.replace(model, logit_scale=float(scale))
+    return dataclasses.replace(cfg, loss=LossConfig(name=baseline), model=model)
 
 
 def evaluate(cfg, model, base_cfgs: dict, workdir: str, eval_dir: str):
