@@ -24,7 +24,6 @@ from ce_retrieval.search.threshold import (
     APPROXIMATE,
     FAMILIAR_QUANTILE,
     PROBE_LEAVES,
-    PROBE_PER_HIT_LEAF,
     SET_RECALL_CONFIDENCE,
     SPREAD_PRIOR,
     default_threshold_params,
@@ -133,7 +132,6 @@ def tune_threshold_search(
     truth = {t: _without_own_rows(s, own_rows) for t, s in zip(names, exact, strict=True)}
     index = GalleryIndex("", {"params": params}, x, np.arange(len(x)), partitions, searcher)
     index.probe_leaves = PROBE_LEAVES if partitions is not None else 0
-    index.probe_per_hit_leaf = PROBE_PER_HIT_LEAF
     familiar: dict[tuple[float, str], dict] = {}  # the familiarity statistics of each (tau, params) searched
 
     def search(queries_, tau, p):
@@ -199,14 +197,13 @@ def tune_threshold_search(
             else {
                 "quantile": FAMILIAR_QUANTILE,
                 "probe_leaves": PROBE_LEAVES,
-                "probe_per_hit_leaf": PROBE_PER_HIT_LEAF,
                 "spread": {
                     "statistic": f"partition leaves holding the hits the rounds found / (found + {SPREAD_PRIOR:g})",
                     "limit": limits["spread"],
                 },
                 "missed": {
-                    "statistic": f"hits in the probe leaves (highest mean score, no found hit; max({PROBE_LEAVES}, "
-                    f"the leaves holding the found hits) of them) / (found + {SPREAD_PRIOR:g})",
+                    "statistic": f"hits in the {PROBE_LEAVES} probe leaves (highest mean score, no found hit) / "
+                    f"(found + {SPREAD_PRIOR:g})",
                     "limit": limits["missed"],
                 },
             },

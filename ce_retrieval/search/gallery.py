@@ -40,7 +40,6 @@ from ce_retrieval.search.threshold import (
     grow_topk_threshold,
     hit_leaves,
     missed,
-    probe_counts,
     probe_leaves,
     scann_leaves,
     score_leaves,
@@ -102,8 +101,6 @@ class GalleryIndex(SearchIndex):
         familiar = approx.get("familiar") or {}
         self.familiar_limits = {k: v["limit"] for k, v in familiar.items() if isinstance(v, dict) and "limit" in v}
         self.probe_leaves = int(familiar.get("probe_leaves", 0))
-        # the probe widened to the leaves a query's found hits span (#32); manifests before it probe a fixed count
-        self.probe_per_hit_leaf = bool(familiar.get("probe_per_hit_leaf", False))
         served = (approx.get("served") or {}).get("set_recall_approximate")  # None: no tuning query went approximate
         self.approximate_set_recall = served if served is not None else approx.get("set_recall_min")
         self._exact = None  # ExactSearch over the embeddings, made on first use (checks the gallery once)
@@ -257,8 +254,7 @@ class GalleryIndex(SearchIndex):
             reasons[live[familiar["spread"][live] > self.familiar_limits["spread"]]] = ts.UNFAMILIAR
         go = np.flatnonzero(reasons[live] == ts.APPROXIMATE)  # positions in `live` still answered approximately
         found, have = [found[j] for j in go], [have[j] for j in go]
-        counts = probe_counts(have, self.probe_per_hit_leaf, self.probe_leaves)
-        probe = probe_leaves(self.partitions, queries[live[go]], have, counts)
+        probe = probe_leaves(self.partitions, queries[live[go]], have, self.probe_leaves)
         leaves = [np.union1d(h, v) if p.expand_leaves else v for h, v in zip(have, probe, strict=True)]
         if checks:
             sizes = np.diff(self.partitions.offsets)

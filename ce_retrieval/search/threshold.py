@@ -56,9 +56,8 @@ Two per-query checks keep the approximate search from losing to the exact one (i
   SPREAD_PRIOR). ``spread``: the partition leaves holding the found hits; small when the hits share leaves (the
   expansion then recovers the rest), near 1 when each lies in its own leaf (queries unlike the gallery's, whose
   hits the expansion cannot reach: ``benchmarks/results/threshold_leaves.md``). ``missed``: the hits in the
-  leaves of highest mean score that held no found hit (:func:`probe_leaves`, max(``PROBE_LEAVES``, the leaves
-  holding the found hits) of them (:func:`probe_counts`), scored exactly for every approximate answer, their hits
-  kept); hits there are hits the rounds missed, which happens where the
+  ``PROBE_LEAVES`` leaves of highest mean score that held no found hit (:func:`probe_leaves`, scored exactly for
+  every approximate answer, their hits kept); hits there are hits the rounds missed, which happens where the
   quantised scores mislead (queries far from the gallery's clusters). Past the ``FAMILIAR_QUANTILE`` of the
   tuning queries' values of either (``familiar`` in the manifest) the query is answered exactly. The spread is
   known when the rounds end, so a query past its limit skips the leaf scoring and the probe (``UNFAMILIAR``); the
@@ -88,7 +87,6 @@ __all__ = [
     "grow_topk_threshold",
     "merge_answers",
     "missed",
-    "probe_counts",
     "probe_leaves",
     "score_leaves",
     "set_recall",
@@ -145,7 +143,6 @@ EXPANDED_ITEM = 40.0  # a member of an expanded or probed partition leaf (gather
 SPREAD_PRIOR = 10.0  # found hits added to the statistics' denominator: a query with few hits is not called unlike
 FAMILIAR_QUANTILE = 0.995  # tuning queries' quantile of each statistic past which a query counts as unlike them
 PROBE_LEAVES = 4  # leaves of highest mean score holding no found hit, scored for every approximate answer
-PROBE_PER_HIT_LEAF = True  # probe max(PROBE_LEAVES, the leaves holding the found hits) leaves (probe_counts)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,41 +243,23 @@ def _found_prior(found: list[np.ndarray]) -> np.ndarray:
 
 
 def probe_leaves(
-    partitions: BallPartitions, queries: np.ndarray, have: list[np.ndarray], count: int | np.ndarray = PROBE_LEAVES
+    partitions: BallPartitions, queries: np.ndarray, have: list[np.ndarray], count: int = PROBE_LEAVES
 ) -> list[np.ndarray]:
-    """Per query, the ``count`` (an int, or one per query) partition leaves of highest mean score ``q.mu_l`` among
-    those not in ``have[q]`` (ascending): where hits the rounds missed would most likely be."""
-    counts = np.broadcast_to(np.asarray(count, dtype=np.int64), (len(have),))
-    if len(have) == 0 or counts.max(initial=0) <= 0:
+    """Per query, the ``count`` partition leaves of highest mean score ``q.mu_l`` among those not in ``have[q]``
+    (ascending): where hits the rounds missed would most likely be."""
+    if count <= 0:
         return [np.zeros(0, np.int64) for _ in have]
     qc = queries @ partitions.centers.T
     qc[
         np.repeat(np.arange(len(have)), [len(h) for h in have]), np.concatenate([np.zeros(0, np.int64), *have])
     ] = -np.inf
-    most = int(min(counts.max(), qc.shape[1]))
-    everyone = np.arange(len(qc))
-    if most <= 8:  # a few argmax passes: 6x faster than an argpartition at 7,812 leaves for 4
-        top = []
-        for _ in range(most):
-            best = np.argmax(qc, axis=1)
-            top.append(np.where(np.isfinite(qc[everyone, best]), best, -1))
-            qc[everyone, best] = -np.inf
-        top = np.stack(top, axis=1)
-    else:  # best first, then -1 where fewer leaves than asked hold no found hit
-        top = np.argpartition(-qc, most - 1, axis=1)[:, :most]
-        best = np.take_along_axis(qc, top, 1)
-        order = np.argsort(-best, axis=1, kind="stable")
-        top = np.where(np.isfinite(np.take_along_axis(best, order, 1)), np.take_along_axis(top, order, 1), -1)
-    return [np.sort(t[:c][t[:c] >= 0]) for t, c in zip(top, counts, strict=True)]
-
-
-def probe_counts(have: list[np.ndarray], per_hit_leaf: bool, base: int) -> np.ndarray:
-    """Per query, how many probe leaves to score: ``base``, or with ``per_hit_leaf`` max(base, the leaves holding its
-    found hits). A query whose hits span many leaves is the one whose missed hits lie in many others (queries
-    unlike the gallery's clusters: ``benchmarks/results/threshold_search_issue32_10000000.md``), so it is probed as
-    widely as its hits spread; a query inside a cluster keeps ``base``."""
-    spans = np.array([len(h) for h in have], dtype=np.int64)
-    return np.maximum(base, spans) if per_hit_leaf and base > 0 else np.full(len(have), base, dtype=np.int64)
+    everyone, top = np.arange(len(qc)), []
+    for _ in range(min(count, qc.shape[1])):  # count argmax passes: 6x faster than an argpartition at 7,812 leaves
+        best = np.argmax(qc, axis=1)
+        top.append(np.where(np.isfinite(qc[everyone, best]), best, -1))
+        qc[everyone, best] = -np.inf
+    top = np.stack(top, axis=1)
+    return [np.sort(t[t >= 0]) for t in top]
 
 
 def hit_leaves(partitions: BallPartitions, found: list[np.ndarray]) -> list[np.ndarray]:

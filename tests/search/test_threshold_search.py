@@ -30,7 +30,6 @@ from ce_retrieval.search.threshold import (
     leaf_of_rows,
     merge_answers,
     missed,
-    probe_counts,
     probe_leaves,
     set_recall,
     tau_for_median_hits,
@@ -580,39 +579,6 @@ def test_probe_leaves_are_the_best_leaves_without_a_found_hit():
     found = [np.array([0, 1]), np.zeros(0, np.int64), np.zeros(0, np.int64)]
     rows = [union_rows(parts, probe[0])[:5], np.zeros(0, np.int64), np.zeros(0, np.int64)]
     assert missed(parts, found, probe, rows).tolist() == [5 / 12, 0.0, 0.0]
-
-
-def test_the_probe_widens_to_the_leaves_a_query_hits_span():
-    """Per-query probe counts: max(base, leaves holding the found hits) with ``per_hit_leaf``, else ``base``; each
-    query gets its own count of best leaves without a found hit (both the argmax and the argpartition paths)."""
-    x = clustered_unit_vectors(4000, 16, num_clusters=20, spread=0.6, seed=13)
-    order, parts = build_partitions(x, 60)
-    q = x[order][:3]
-    have = [np.arange(12), np.array([3]), np.zeros(0, np.int64)]
-    assert probe_counts(have, True, 4).tolist() == [12, 4, 4]
-    assert probe_counts(have, False, 4).tolist() == [4, 4, 4]
-    assert probe_counts(have, True, 0).tolist() == [0, 0, 0]  # no probe stays no probe (manifests before it)
-    best = np.argsort(-(q @ parts.centers.T), axis=1, kind="stable")
-    for counts in ([12, 4, 4], [3, 1, 2], [parts.num_leaves, 4, 9]):
-        probe = probe_leaves(parts, q, have, count=np.array(counts))
-        for i, c in enumerate(counts):
-            free = [v for v in best[i] if v not in set(have[i].tolist())]
-            assert probe[i].tolist() == sorted(free[:c]), (counts, i)
-
-
-def test_manifests_say_how_wide_the_probe_is(promise_indexes):
-    """New manifests record the widened probe and the index reads it; a manifest without the key (before it)
-    keeps the fixed probe its limits were measured with."""
-    for build in ("given", "defaults"):
-        familiar = promise_indexes[build]["manifest"]["threshold_search"]["approximate"]["familiar"]
-        assert familiar["probe_per_hit_leaf"] is ts.PROBE_PER_HIT_LEAF is True
-        assert promise_indexes[build]["index"].probe_per_hit_leaf
-    approx = {"params": {"start_k": 10, "max_k": 100}, "meets_target": True, "set_recall_min": 0.99}
-    approx["familiar"] = {"quantile": 0.995, "probe_leaves": 4, "missed": {"limit": 0.01}}
-    manifest = {"params": {"num_leaves": 10, "leaves_to_search": 2}, "threshold_search": {"approximate": approx}}
-    x = np.eye(4, dtype=np.float32)
-    old = GalleryIndex("", manifest, x, np.arange(4), None, scann_searcher=object())
-    assert old.probe_leaves == 4 and not old.probe_per_hit_leaf
 
 
 def test_a_build_without_threshold_partitions(tmp_path, monkeypatch):
