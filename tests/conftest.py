@@ -1,7 +1,7 @@
 """Shared test set-up: Keras 2 for keras-cv (set by the test process, as the ce-retrieval command does), quiet
 TensorFlow, deterministic seeds, a fresh Keras session per test, and one guard: every pinned outside library the
-tests compare with (pytorch-metric-learning, torch, faiss, TensorFlow Similarity, scikit-learn) must be installed
-at its pin, or the run fails before any test (no ``importorskip``).
+tests compare with (pytorch-metric-learning, torch, faiss, TensorFlow Similarity, scikit-learn, netcal, MAPIE) must
+be installed at its pin, or the run fails before any test (no ``importorskip``).
 
 Compilation for graphs that run once or twice: a test traces a step, runs it and compares, so the optimisations
 that pay off over thousands of training steps cost more than they save. In the test processes Grappler's graph

@@ -20,6 +20,7 @@ REFERENCES = {
     "tensorflow-similarity": "tensorflow_similarity",
     "scikit-learn": "sklearn",
     "netcal": "netcal",
+    "mapie": "mapie",
 }
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
