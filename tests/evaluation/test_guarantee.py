@@ -88,8 +88,16 @@ def _embeddings(seed=0, images=120, captions=3, dim=16, noise=1.0):
 def test_estimate_at_the_validation_size_is_the_global_pr_threshold():
     q, d, qi, di = _embeddings()
     want = global_pr_auc(q, d, qi, di, target_precisions=LEVELS)["threshold_at_precision"]
-    got = guaranteed_thresholds(measure_rates(q, d, qi, di, block_size=7), LEVELS)["estimated"]
-    assert got["threshold_at_precision"] == want
+    got = guaranteed_thresholds(measure_rates(q, d, qi, di, block_size=7), LEVELS)["estimated"][
+        "threshold_at_precision"
+    ]
+    # The same pair's score from a 7-row block and from the whole matrix may differ in the last float32 bit (the
+    # matmul's blocking follows its shape and thread count), so the thresholds agree to float32 rounding.
+    assert got.keys() == want.keys()
+    for level, t in want.items():
+        assert (got[level] is None) == (t is None)
+        if t is not None:
+            assert got[level] == pytest.approx(t, rel=2e-7, abs=2e-7)
 
 
 def test_counts_match_brute_force():
