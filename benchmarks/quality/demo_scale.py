@@ -4,7 +4,8 @@
         --workdir runs/demo_scale --out benchmarks/results/demo_scale
 
 The main job compares objectives at one budget (500 steps at batch 64 from scratch). Each objective with a fixed
-temperature (Cross-Example Softmax and Sampled Softmax; SigLIP learns its t and b and is not swept) is trained on
+temperature (Cross-Example Softmax and Sampled Softmax by default; ``--losses SymmetricInfoNCE`` for the demo's
+optional fourth column; SigLIP learns its t and b and is not swept) is trained on
 the demo config for every candidate λ and seed (``train.seed=S,loss.name=X,model.logit_scale=λ``, each in its own
 process) and evaluated on the **validation split only** (``ce-retrieval evaluate --split val``: no calibration
 split, the test split is never loaded). Per objective the λ with the best mean over seeds of
@@ -13,7 +14,8 @@ split, the test split is never loaded). Per objective the λ with the best mean 
 
 is chosen; the record also gives each candidate's spread over seeds (max − min of R@1_val), the figure the
 main job's goal is about. A model of ``--reuse_dir`` (a ``demo_seeds.py`` workdir: ``seed<S>/model`` is Cross-Example
-Softmax, ``seed<S>/baseline/model`` Sampled Softmax) is used instead of training again only when its saved config
+Softmax, ``seed<S>/baseline/model`` Sampled Softmax, ``seed<S>/baseline_SymmetricInfoNCE/model`` symmetric InfoNCE)
+is used instead of training again only when its saved config
 equals the one this run would train (``training.config_changes``); the record says which were reused.
 
 Writes ``<out>.json`` (every run's validation summary, seconds, reuse) and ``<out>.md``.
@@ -34,7 +36,14 @@ from benchmarks import ROOT
 from benchmarks.common.machine import cpu_name, load_average
 from benchmarks.common.records import write_record
 
-OBJECTIVES = {"CrossExampleSoftmax": "model", "SampledSoftmax": "baseline/model"}  # -> model dir in a demo_seeds seed
+# objective -> its model dir in a demo_seeds seed (symmetric InfoNCE: the demo's optional third baseline,
+# ``--baseline SampledSoftmax@10,SigmoidLoss,SymmetricInfoNCE@λ``)
+OBJECTIVES = {
+    "CrossExampleSoftmax": "model",
+    "SampledSoftmax": "baseline/model",
+    "SymmetricInfoNCE": "baseline_SymmetricInfoNCE/model",
+}
+DEFAULT_LOSSES = ["CrossExampleSoftmax", "SampledSoftmax"]  # the main job's swept objectives
 CONFIG = "synthetic_demo"
 SPLIT = "val"
 
@@ -110,7 +119,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--scales", type=float, nargs="+", default=[5.0, 10.0, 20.0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    p.add_argument("--losses", nargs="+", default=list(OBJECTIVES), choices=list(OBJECTIVES))
+    p.add_argument("--losses", nargs="+", default=DEFAULT_LOSSES, choices=list(OBJECTIVES))
     p.add_argument("--workdir", default="runs/demo_scale")
     p.add_argument("--reuse_dir", default=None, help="a demo_seeds.py workdir whose models may be reused")
     p.add_argument("--out", default="benchmarks/results/demo_scale")

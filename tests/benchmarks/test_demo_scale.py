@@ -67,3 +67,14 @@ def test_a_model_is_reused_only_under_the_same_config(tmp_path):
     assert demo_scale.reusable("SampledSoftmax", 20.0, 3, tmp_path) is None  # another λ: trained again
     assert demo_scale.reusable("CrossExampleSoftmax", 10.0, 3, tmp_path) is None  # nothing there
     assert demo_scale.reusable("SampledSoftmax", 10.0, 3, None) is None
+
+
+def test_each_swept_objective_is_looked_up_where_the_demo_trains_it():
+    """The reuse map names the folders ``ce-retrieval demo --baseline SampledSoftmax@10,SigmoidLoss,SymmetricInfoNCE@λ``
+    writes: the configured model, the first baseline, then ``baseline_<loss>``."""
+    from ce_retrieval.cli.demo import baseline_dir
+
+    baselines = ["SampledSoftmax", "SigmoidLoss", "SymmetricInfoNCE"]
+    where = {"CrossExampleSoftmax": "model"} | {b: f"{baseline_dir(i, b)}/model" for i, b in enumerate(baselines)}
+    assert all(demo_scale.OBJECTIVES[loss] == where[loss] for loss in demo_scale.OBJECTIVES)
+    assert set(demo_scale.DEFAULT_LOSSES) <= set(demo_scale.OBJECTIVES)
