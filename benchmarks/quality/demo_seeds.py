@@ -172,7 +172,7 @@ def main(argv=None) -> int:
     else:
         records = [run_seed(s, workdir, args.demo_args) for s in args.seeds]
     rng = summary(records)
-    command = "python -m benchmarks.quality.demo_seeds --seeds " + " ".join(map(str, args.seeds)) + " --package"
+    command = "python -m benchmarks.quality.demo_seeds " + " ".join(sys.argv[1:] if argv is None else argv)
     paths = write_record(*os.path.split(args.out), {"range": rng, "records": records}, markdown(rng, records, command))
     print("wrote " + " and ".join(paths))
     if args.package:

@@ -80,7 +80,10 @@ def test_range_over_seeds_counts_seeds_without_a_value(tmp_path):
         == 0
     )
     assert json.loads((tmp_path / "r.json").read_text())["range"]["runs"]["CE"]["pr_auc"] == [0.20, 0.34]
-    assert "| global PR-AUC (%) | 20.0 – 34.0 |" in (tmp_path / "r.md").read_text()
+    text = (tmp_path / "r.md").read_text()
+    assert "| global PR-AUC (%) | 20.0 – 34.0 |" in text
+    assert f"demo_seeds --seeds 0 1 2 --workdir {tmp_path} --out {tmp_path / 'r'} --no_run" in text  # as run
+    assert "--package" not in text
 
 
 def test_the_shipped_range_is_well_formed():
