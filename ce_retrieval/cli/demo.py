@@ -41,7 +41,8 @@ def add_arguments(parser) -> None:
         help="comma-separated losses of the comparison models trained the same way, each optionally at its own λ "
         "('SampledSoftmax@10'; without @, model.logit_scale); 'none' skips them. Default: Sampled Softmax at λ 10 "
         "and SigLIP (its t and b learned), the λ chosen on the validation split for the synthetic demo "
-        "(benchmarks/results/demo_scale.md)",
+        "(benchmarks/results/demo_scale.md); append ',SymmetricInfoNCE@10' for a fourth column (its λ chosen the "
+        "same way, benchmarks/results/demo_scale_infonce.md)",
     )
 
 
