@@ -21,6 +21,7 @@ import ast
 import json
 import os
 import pathlib
+import shlex
 import subprocess
 import sys
 import time
@@ -172,7 +173,7 @@ def main(argv=None) -> int:
     else:
         records = [run_seed(s, workdir, args.demo_args) for s in args.seeds]
     rng = summary(records)
-    command = "python -m benchmarks.quality.demo_seeds " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python -m benchmarks.quality.demo_seeds " + shlex.join(sys.argv[1:] if argv is None else argv)
     paths = write_record(*os.path.split(args.out), {"range": rng, "records": records}, markdown(rng, records, command))
     print("wrote " + " and ".join(paths))
     if args.package:
