@@ -3,6 +3,13 @@
 ``load_examples`` yields one unbatched ``{"caption", "image", "image_id"}`` dict per caption (schema.py).
 ``train_pipeline`` shuffles (seeded), repeats, batches with ``drop_remainder=True`` and prefetches. Two captions
 of one image may share a batch; the relevance matrix is built from ``image_id``, so they count as positives.
+
+The training pipeline runs without tf.data's autotuning thread (``Options.autotune.enabled = False``). That thread
+re-optimises after waits of 10 ms, 20 ms, 40 ms, ... (doubling up to 60 s), and on busy cores destroying the
+iterator sometimes waits for the current wait to run out: a 500-step training (about 45 s) then ended at 82 s
+(``python -m benchmarks.scale.iterator_teardown``). The map's ``AUTOTUNE`` parallelism falls back to the number of
+cores and ``prefetch(AUTOTUNE)`` keeps its own buffer tuning, so no knob of these pipelines is lost; the order of
+the examples never depended on it.
 """
 
 from __future__ import annotations
@@ -77,7 +84,9 @@ def train_pipeline(
         dataset = dataset.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
     if repeat:
         dataset = dataset.repeat()
-    return dataset.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+    options = tf.data.Options()
+    options.autotune.enabled = False  # no optimisation thread whose timed wait can hold up teardown (module doc)
+    return dataset.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE).with_options(options)
 
 
 def load_retrieval_split(cfg: DataConfig, split: str) -> RetrievalSplit:

@@ -50,6 +50,20 @@ def test_train_pipeline_batches_shuffles_by_seed_and_repeats():
     assert len(once) == 200 // 64  # drop_remainder
 
 
+def test_train_pipeline_runs_without_the_autotuning_thread_and_yields_the_same_batches():
+    # The thread's timed wait could hold up the iterator's teardown by up to a minute (pipeline module doc); without
+    # it the batches must be exactly those of the autotuned pipeline.
+    ds = train_pipeline(CFG, "train", batch_size=16, seed=3)
+    assert ds.options().autotune.enabled is False
+    options = tf.data.Options()
+    options.autotune.enabled = True
+    tuned = train_pipeline(CFG, "train", batch_size=16, seed=3).with_options(options)  # its own shuffle state
+    assert tuned.options().autotune.enabled is True
+    for a, b in zip(ds.take(20), tuned.take(20), strict=True):
+        assert a["caption"].numpy().tolist() == b["caption"].numpy().tolist()
+        assert a["image"].numpy().tolist() == b["image"].numpy().tolist()
+
+
 def test_retrieval_split_matches_examples():
     split = load_retrieval_split(CFG, "test")
     assert len(split.images) == 16 and len(split.captions) == 80
