@@ -78,3 +78,19 @@ def test_each_swept_objective_is_looked_up_where_the_demo_trains_it():
     where = {"CrossExampleSoftmax": "model"} | {b: f"{baseline_dir(i, b)}/model" for i, b in enumerate(baselines)}
     assert all(demo_scale.OBJECTIVES[loss] == where[loss] for loss in demo_scale.OBJECTIVES)
     assert set(demo_scale.DEFAULT_LOSSES) <= set(demo_scale.OBJECTIVES)
+
+
+def test_siglip_sweeps_its_initial_bias_and_learns_t_and_b_as_the_demo_does():
+    import dataclasses
+
+    from ce_retrieval.cli.demo import _baseline_model
+
+    cfg = configs.load_experiment(resolve_config(demo_scale.CONFIG), [demo_scale.overrides("SigmoidLoss", -5, 2)])
+    assert (cfg.loss.name, cfg.train.seed, cfg.model.logit_bias, cfg.model.logit_scale) == ("SigmoidLoss", 2, -5, 10)
+    assert cfg.model.learn_logit_bias and cfg.model.learn_logit_scale
+    assert demo_scale.candidates("SigmoidLoss", [5.0, 10.0], [-5.0]) == [-5.0]
+    assert demo_scale.candidates("SampledSoftmax", [5.0, 10.0], [-5.0]) == [5.0, 10.0]
+    # at b = -10 the sweep trains the demo's own SigLIP baseline (so the demo's models can be reused)
+    demo = configs.load_experiment(resolve_config(demo_scale.CONFIG), [])
+    swept = configs.load_experiment(resolve_config(demo_scale.CONFIG), [demo_scale.overrides("SigmoidLoss", -10, 0)])
+    assert dataclasses.asdict(_baseline_model(demo.model, "SigmoidLoss")) == dataclasses.asdict(swept.model)
