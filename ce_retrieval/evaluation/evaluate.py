@@ -83,13 +83,23 @@ def dataset_fingerprint(split) -> str:
 
 
 def git_commit(path: str | None = None) -> str | None:
-    """The git commit of the source tree (``path`` defaults to this package), or None outside a checkout."""
+    """The git commit of the source tree (``path`` defaults to this package), with ``-dirty`` appended when tracked
+    files differ from it (as ``git describe --dirty`` marks them: the figures then came from uncommitted code), or
+    None outside a checkout."""
     where = path or os.path.dirname(os.path.abspath(__file__))
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
+
+    def git(*args):
+        try:
+            out = subprocess.run(["git", *args], cwd=where, capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    head = git("rev-parse", "HEAD")
+    if not head:
         return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
+    changed = git("status", "--porcelain", "--untracked-files=no")
+    return f"{head}-dirty" if changed else head
 
 
 def _jsonable(x):

@@ -216,3 +216,23 @@ def test_evaluate_command_with_stand_in_loaders(towers, tmp_path, monkeypatch, c
     assert doc["run_name"] == "run7" and doc["num_distractors"] == 5 and doc["split"] == "test"
     assert doc["metrics"]["ann"]["loss"]["1"] == 0.0  # 16 images: ScaNN runs brute force, the same top-1 as exact
     assert "PR-AUC" in capsys.readouterr().out
+
+
+def test_git_commit_names_the_commit_and_marks_uncommitted_changes(tmp_path):
+    import subprocess
+
+    from ce_retrieval.evaluation.evaluate import git_commit
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    assert git_commit(str(tmp_path)) is None  # not a checkout
+    git("init", "-q")
+    (tmp_path / "a.py").write_text("x = 1\n")
+    git("add", "a.py")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "one")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+    (tmp_path / "new.txt").write_text("untracked files do not count\n")
+    assert git_commit(str(tmp_path)) == head
+    (tmp_path / "a.py").write_text("x = 2\n")
+    assert git_commit(str(tmp_path)) == head + "-dirty"
