@@ -26,7 +26,7 @@ import time
 __all__ = ["add_arguments", "run"]
 
 DEFAULT_QUERIES = 4
-DEFAULT_BASELINES = "SampledSoftmax@10,SigmoidLoss"
+DEFAULT_BASELINES = "SampledSoftmax@10,SigmoidLoss@b=-5"
 
 
 def add_arguments(parser) -> None:
@@ -39,10 +39,11 @@ def add_arguments(parser) -> None:
         "--baseline",
         default=DEFAULT_BASELINES,
         help="comma-separated losses of the comparison models trained the same way, each optionally at its own λ "
-        "('SampledSoftmax@10'; without @, model.logit_scale); 'none' skips them. Default: Sampled Softmax at λ 10 "
-        "and SigLIP (its t and b learned), the λ chosen on the validation split for the synthetic demo "
-        "(benchmarks/results/demo_scale.md); append ',SymmetricInfoNCE@10' for a fourth column (its λ chosen the "
-        "same way, benchmarks/results/demo_scale_infonce.md)",
+        "('SampledSoftmax@10'; without @, model.logit_scale) and, for SigLIP, its initial bias ('SigmoidLoss@b=-5'); "
+        "'none' skips them. Default: Sampled Softmax at λ 10 and SigLIP (t and b learned, b from -5), each chosen on "
+        "the validation split for the synthetic demo (benchmarks/results/demo_scale.md, demo_scale_siglip.md); "
+        "append ',SymmetricInfoNCE@10' for a fourth column (its λ chosen the same way, "
+        "benchmarks/results/demo_scale_infonce.md)",
     )
 
 
@@ -65,10 +66,11 @@ def run(args) -> int:
     _stage(1, stages, "train", what)
     _train_once(cfg, model_dir, args.retrain)
     base_cfgs = {}
-    for i, (name, scale) in enumerate(baselines):
+    for i, (name, scale, bias) in enumerate(baselines):
         base_dir = os.path.join(workdir, baseline_dir(i, name), "model")
-        base_cfgs[name] = baseline_config(cfg, name, scale)
+        base_cfgs[name] = baseline_config(cfg, name, scale, bias)
         at = "" if scale is None else f" at λ {scale:g}"
+        at += "" if bias is None else f" from b = {bias:g}"
         what = f"{name}{at}, the same model, data, seed and steps -> {base_dir}"
         _stage(2 + i, stages, "train the baseline", what)
         _train_once(base_cfgs[name], base_dir, args.retrain)
@@ -104,29 +106,44 @@ def run(args) -> int:
     return 0 if np.isfinite(report["summary"]["pr_auc"]) else 1
 
 
-def parse_baselines(spec: str, configured: str) -> list[tuple[str, float | None]]:
-    """The baselines of ``--baseline`` ("A,B@10" or "none") as (loss, λ or None), less the configured loss itself,
-    in order. ``@λ`` trains that baseline at its own λ (``model.logit_scale``), e.g. at the λ chosen for it on the
-    validation split; without it the baseline keeps the configured model's."""
+def parse_baselines(spec: str, configured: str) -> list[tuple[str, float | None, float | None]]:
+    """The baselines of ``--baseline`` ("A,B@10,SigmoidLoss@b=-5" or "none") as (loss, λ or None, initial bias or
+    None), less the configured loss itself, in order. After ``@``, parts separated by ``/``: a number trains that
+    baseline at its own λ (``model.logit_scale``), e.g. at the λ chosen for it on the validation split; ``b=B``
+    starts a loss with a learned bias (SigLIP) at b = B. Without them the baseline keeps the configured model's λ
+    (SigLIP: its own t and b)."""
+    from ce_retrieval import losses
+
     if str(spec).strip().lower() == "none":
         return []
-    out: dict[str, float | None] = {}
+    out: dict[str, tuple[float | None, float | None]] = {}
     for item in (n.strip() for n in str(spec).split(",")):
         if not item:
             continue
-        name, _, scale = (part.strip() for part in item.partition("@"))
+        name, _, rest = (part.strip() for part in item.partition("@"))
         if not name:
             raise ValueError(f"--baseline {spec!r}: an entry has no loss name before '@'")
-        if scale:
+        scale = bias = None
+        for part in (x.strip() for x in rest.split("/") if x.strip()):
+            key, _, text = part.rpartition("=")
+            what = {"": "λ", "b": "the initial bias b"}.get(key.strip())
+            if what is None:
+                raise ValueError(f"--baseline {item!r}: {part!r} is neither λ (a number) nor b=<number>")
             try:
-                value = float(scale)
+                value = float(text)
             except ValueError:
-                raise ValueError(f"--baseline {item!r}: λ after '@' must be a number, got {scale!r}") from None
-            if not math.isfinite(value) or value <= 0:
-                raise ValueError(f"--baseline {item!r}: λ must be a positive finite number, got {scale}")
+                raise ValueError(f"--baseline {item!r}: {what} after '@' must be a number, got {text!r}") from None
+            if not math.isfinite(value) or (what == "λ" and value <= 0):
+                raise ValueError(f"--baseline {item!r}: {what} must be a {'positive ' * (what == 'λ')}finite number")
+            if what == "λ":
+                scale = value
+            elif not losses.lookup(name).has_logit_bias:
+                raise ValueError(f"--baseline {item!r}: {name} has no logit bias to start at b={text}")
+            else:
+                bias = value
         if name != configured:
-            out.setdefault(name, float(scale) if scale else None)
-    return list(out.items())
+            out.setdefault(name, (scale, bias))
+    return [(name, scale, bias) for name, (scale, bias) in out.items()]
 
 
 def baseline_dir(i: int, name: str) -> str:
@@ -134,15 +151,17 @@ def baseline_dir(i: int, name: str) -> str:
     return "baseline" if i == 0 else f"baseline_{name}"
 
 
-def baseline_config(cfg, baseline: str, scale: float | None = None):
+def baseline_config(cfg, baseline: str, scale: float | None = None, bias: float | None = None):
     """The baseline's experiment: ``cfg`` with the loss replaced; its hyper-parameters are the baseline's
     defaults, and λ is ``scale`` when given (its own, e.g. chosen on the validation split), else
-    model.logit_scale (a loss with a learned bias, SigLIP, starts from its own t and b)."""
+    model.logit_scale (a loss with a learned bias, SigLIP, starts from its own t and b, or from b = ``bias``)."""
     from ce_retrieval.configs.experiment import LossConfig
 
     model = _baseline_model(cfg.model, baseline)
     if scale is not None:
         model = dataclasses.replace(model, logit_scale=float(scale))
+    if bias is not None:
+        model = dataclasses.replace(model, logit_bias=float(bias))
     return dataclasses.replace(cfg, loss=LossConfig(name=baseline), model=model)
 
 

@@ -10,19 +10,28 @@ from ce_retrieval.cli.train import resolve_config
 
 def test_baselines_with_and_without_their_own_scale():
     assert demo.parse_baselines("SampledSoftmax@10,SigmoidLoss", "CrossExampleSoftmax") == [
-        ("SampledSoftmax", 10.0),
-        ("SigmoidLoss", None),
+        ("SampledSoftmax", 10.0, None),
+        ("SigmoidLoss", None, None),
     ]
     assert demo.parse_baselines(" CrossExampleSoftmax@5 , SampledSoftmax ,", "CrossExampleSoftmax") == [
-        ("SampledSoftmax", None)
+        ("SampledSoftmax", None, None)
     ]
     assert demo.parse_baselines("none", "CrossExampleSoftmax") == []
-    assert demo.parse_baselines("SampledSoftmax@10,SampledSoftmax@20", "X") == [("SampledSoftmax", 10.0)]
+    assert demo.parse_baselines("SampledSoftmax@10,SampledSoftmax@20", "X") == [("SampledSoftmax", 10.0, None)]
+    assert demo.parse_baselines("SigmoidLoss@b=-5, SigmoidLoss", "X") == [("SigmoidLoss", None, -5.0)]
+    assert demo.parse_baselines("SigmoidLoss@5/b=-2.5", "X") == [("SigmoidLoss", 5.0, -2.5)]
 
 
 @pytest.mark.parametrize(
     ("spec", "named"),
-    [("SampledSoftmax@ten", "must be a number"), ("SampledSoftmax@0", "positive"), ("@10", "no loss")],
+    [
+        ("SampledSoftmax@ten", "must be a number"),
+        ("SampledSoftmax@0", "positive"),
+        ("@10", "no loss"),
+        ("SampledSoftmax@b=-5", "no logit bias"),
+        ("SigmoidLoss@b=inf", "finite"),
+        ("SigmoidLoss@t=3", "neither"),
+    ],
 )
 def test_a_bad_entry_is_named(spec, named):
     with pytest.raises(ValueError, match=named):
@@ -37,8 +46,11 @@ def test_the_baseline_differs_only_in_its_loss_and_scale():
     assert demo.baseline_config(cfg, "SampledSoftmax").model.logit_scale == cfg.model.logit_scale
     siglip = demo.baseline_config(cfg, "SigmoidLoss")
     assert siglip.model.learn_logit_scale and siglip.model.logit_bias == -10.0
-    # the shipped default: Sampled Softmax at the λ chosen for it on the validation split, SigLIP learning its own
+    started = demo.baseline_config(cfg, "SigmoidLoss", None, -5.0)
+    assert started.model.learn_logit_bias and started.model.logit_bias == -5.0 and started.model.logit_scale == 10.0
+    # the shipped default: Sampled Softmax at the λ chosen for it on the validation split, SigLIP learning its t
+    # and b from the initial b chosen the same way (benchmarks/results/demo_scale_siglip.md)
     assert demo.parse_baselines(demo.DEFAULT_BASELINES, cfg.loss.name) == [
-        ("SampledSoftmax", 10.0),
-        ("SigmoidLoss", None),
+        ("SampledSoftmax", 10.0, None),
+        ("SigmoidLoss", None, -5.0),
     ]

@@ -35,12 +35,14 @@ def _cfg(loss="SigmoidLoss", **model) -> ExperimentConfig:
     return cfg
 
 
-def test_the_siglip_yaml_config_learns_t_and_b_from_the_papers_init():
+def test_the_siglip_yaml_config_learns_t_and_b_from_the_demos_init():
+    # t from the paper's 10, b from -5: the demo's SigLIP start, chosen on its validation split (the paper's -10
+    # stalls at batch 64; benchmarks/results/demo_scale_siglip.md)
     cfg = configs.load_experiment(resolve_config("synthetic_siglip"))
     m = cfg.model
-    assert (m.logit_scale, m.learn_logit_scale, m.logit_bias, m.learn_logit_bias) == (10.0, True, -10.0, True)
+    assert (m.logit_scale, m.learn_logit_scale, m.logit_bias, m.learn_logit_bias) == (10.0, True, -5.0, True)
     loss = build_loss(cfg.loss, cfg.model)
-    assert type(loss) is losses.SigmoidLoss and (loss.scale, loss.bias) == (10.0, -10.0)  # t₀, b₀: learned at call
+    assert type(loss) is losses.SigmoidLoss and (loss.scale, loss.bias) == (10.0, -5.0)  # t₀, b₀: learned at call
     # the same through --params_override on the demo config
     demo = configs.load_experiment(
         resolve_config("synthetic_demo"),
