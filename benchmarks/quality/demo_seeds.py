@@ -63,7 +63,7 @@ def read_record(seed_dir: pathlib.Path) -> dict:
             history = s["history"] if isinstance(s["history"], dict) else ast.literal_eval(s["history"])
             record["training"][s["loss"]] = {
                 k: history[k][-1] for k in ("loss", "in_batch_recall_at_1") if k in history
-            }
+            } | ({"seconds": s["seconds"]} if "seconds" in s else {})
     return record
 
 
@@ -131,11 +131,12 @@ def markdown(rng: dict, records: list[dict], command: str) -> str:
             cells.append(cell + (f" ({missing} seed(s) without one)" if missing and lo is not None else ""))
         lines.append(f"| {label.strip()}{' (%)' if unit == '%' else ''} | " + " | ".join(cells) + " |")
     if all(r.get("training") for r in records):
-        lines += ["", "Training, last epoch (from each model's train_summary.json): loss / in-batch R@1", ""]
+        lines += ["", "Training (from each model's train_summary.json): last epoch's loss / in-batch R@1; seconds", ""]
         lines += ["| seed | " + " | ".join(names) + " |", "|---:|" + "---:|" * len(names)]
         for r in records:
             cells = [
                 f"{r['training'][n]['loss']:.2f} / {r['training'][n]['in_batch_recall_at_1']:.2f}"
+                + (f"; {r['training'][n]['seconds']:.1f} s" if "seconds" in r["training"][n] else "")
                 if n in r["training"]
                 else "-"
                 for n in names

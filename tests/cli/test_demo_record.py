@@ -95,3 +95,16 @@ def test_the_shipped_range_is_well_formed():
         for key in demo_record.FIGURES:
             lo, hi = shipped["runs"][name][key]
             assert lo is None or lo <= hi, (name, key)
+
+
+def test_the_range_record_carries_each_training_s_last_epoch_and_seconds(tmp_path):
+    rec = demo_record.write(str(tmp_path / "seed0"), _cfg(0), {"CE": _report(0.3, 0.4, 16, 0.45)}, 1.0)
+    model_dir = tmp_path / "seed0" / "model"
+    model_dir.mkdir()
+    history = {"loss": [6.0, 5.1233], "in_batch_recall_at_1": [0.3, 0.6125]}
+    summary = {"loss": "CE", "seconds": 41.57, "history": history}
+    (model_dir / "train_summary.json").write_text(json.dumps(summary))
+    read = demo_seeds.read_record(tmp_path / "seed0")
+    assert read["training"] == {"CE": {"loss": 5.1233, "in_batch_recall_at_1": 0.6125, "seconds": 41.57}}
+    text = demo_seeds.markdown(demo_seeds.summary([read]), [read], "cmd")
+    assert "| 0 | 5.12 / 0.61; 41.6 s |" in text and rec["seed"] == 0
