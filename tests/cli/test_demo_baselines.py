@@ -48,9 +48,10 @@ def test_the_baseline_differs_only_in_its_loss_and_scale():
     assert siglip.model.learn_logit_scale and siglip.model.logit_bias == -10.0
     started = demo.baseline_config(cfg, "SigmoidLoss", None, -5.0)
     assert started.model.learn_logit_bias and started.model.logit_bias == -5.0 and started.model.logit_scale == 10.0
-    # the shipped default: Sampled Softmax at the λ chosen for it on the validation split, SigLIP learning its t
-    # and b from the initial b chosen the same way (benchmarks/results/demo_scale_siglip.md)
+    # the shipped default: Sampled Softmax and symmetric InfoNCE at the λ chosen for each on the validation split,
+    # SigLIP learning its t and b from the initial b chosen the same way (benchmarks/results/demo_scale_siglip.md)
     assert demo.parse_baselines(demo.DEFAULT_BASELINES, cfg.loss.name) == [
         ("SampledSoftmax", 10.0, None),
         ("SigmoidLoss", None, -5.0),
+        ("SymmetricInfoNCE", 10.0, None),
     ]
