@@ -21,10 +21,13 @@ caption's pairs share the caption, every image's pairs share the image, and the 
 too. Each rate is a proportion X / n over such clustered pairs. Its variance is estimated with two-way cluster
 sums (Cameron, Gelbach & Miller 2011) over query units (the captions of one image id) and gallery images,
 
-    V = K_u/(K_u-1) sum_u (x_u - p n_u)^2 / n^2  +  K_v/(K_v-1) sum_v (x_v - p n_v)^2 / n^2,
+    V = K_u/(K_u-1) sum_u (x_u - p n_u)^2 / n^2  +  K_v/(K_v-1) sum_v (x_v - p n_v)^2 / n^2  -  p (1 - p) / n,
 
-(for relevant pairs the two clusterings coincide, so only the query units are used; with relevance given as pairs,
-where an image's relevant pairs may span several query units, both are summed for them too), giving the design effect
+the last term the pairs' own (binomial) variance, which both cluster sums contain: without it an independent
+sample would get a design effect of 2 (the form of the library before 2026-11-29, which certified accordingly
+less). (For relevant pairs the two clusterings coincide, so only the query units are used; with relevance given
+as pairs, where an image's relevant pairs may span several query units, both are combined for them too.) This gives
+the design effect
 ``deff = V / (p (1 - p) / n)`` (at least 1) and the effective sample size ``n / deff``. The bound is then the
 Clopper-Pearson bound of the proportion at the effective sample size (Korn & Graubard 1998), exact for
 independent pairs and widened by the clustering otherwise. Where a rate has fewer than ``MIN_EVENTS`` events
@@ -55,7 +58,7 @@ import numpy as np
 
 from ce_retrieval.evaluation._arrays import block_rows, check_pair, check_positives, required_positive_pairs
 from ce_retrieval.evaluation.calibration import DEFAULT_BLOCK_ELEMENTS
-from ce_retrieval.utils.proportions import clopper_pearson, cluster_variance
+from ce_retrieval.utils.proportions import clopper_pearson, cluster_variance, two_way
 
 __all__ = [
     "DEFAULT_DELTA",
@@ -71,7 +74,7 @@ __all__ = [
 DEFAULT_DELTA = 0.1
 DEFAULT_GRID = 64
 MIN_EVENTS = 10
-METHOD = "ltt-bonferroni/clopper-pearson-clustered"
+METHOD = "ltt-bonferroni/clopper-pearson-two-way"
 FORMAT = "rates/1"
 
 
@@ -257,11 +260,15 @@ def _rates(block, n: int, m: int, qids, dids, grid_size: int, rows: int, positiv
     var_tp = cluster_variance(by_unit(pos_row), by_unit(pos_per_row), num_pos)
     if positives is not None and _spans_units(unit_of_row[pos_rows], pos_cols):
         pos_col = _ge_counts(pos_col_hist)[:, ::-1]  # the documents' clustering of the relevant pairs too
-        var_tp = var_tp + cluster_variance(pos_col.astype(np.float64), np.bincount(pos_cols, minlength=m), num_pos)
+        var_tp = two_way(var_tp, cluster_variance(pos_col.astype(np.float64), np.bincount(pos_cols, minlength=m),
+                                                  num_pos), tp, num_pos)  # fmt: skip
     neg_per_row = m - pos_per_row
     neg_per_col = n - np.bincount(pos_cols, minlength=m)
-    var_fp = cluster_variance(by_unit(neg_row), by_unit(neg_per_row), num_neg) + cluster_variance(
-        neg_col.astype(np.float64), neg_per_col, num_neg
+    var_fp = two_way(
+        cluster_variance(by_unit(neg_row), by_unit(neg_per_row), num_neg),
+        cluster_variance(neg_col.astype(np.float64), neg_per_col, num_neg),
+        fp,
+        num_neg,
     )
     all_ge = _ge_counts(curve_hist)
     pos_ge = _ge_counts(np.bincount(np.searchsorted(curve_asc, pos_scores, side="right"), minlength=len(curve_asc) + 1))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import stats
 
-__all__ = ["clopper_pearson", "cluster_variance", "clustered_lower_bound"]
+__all__ = ["clopper_pearson", "cluster_variance", "clustered_lower_bound", "two_way"]
 
 
 def clopper_pearson(x, n, alpha, upper: bool) -> np.ndarray:
@@ -44,6 +44,16 @@ def cluster_variance(x_unit: np.ndarray, n_unit: np.ndarray, n: int) -> np.ndarr
     p = x_unit.sum(0) / n
     resid = x_unit - n_unit[:, None] * p[None, :]
     return (k / (k - 1)) * np.sum(resid * resid, axis=0) / float(n) ** 2
+
+
+def two_way(var_a: np.ndarray, var_b: np.ndarray, x, n: int) -> np.ndarray:
+    """Two-way cluster-robust variance of X / n (Cameron, Gelbach & Miller 2011): ``V_a + V_b - V_ab``, where the
+    intersection term is taken at the level of single events, ``p (1 - p) / n`` (the binomial variance). Without
+    it an independent sample would count its variance twice (design effect 2); the cells where the two
+    clusterings meet hold at most a few pairs, whose own correlation this leaves in, so the result is at least
+    the CGM estimate's. Never below zero."""
+    p = np.asarray(x, np.float64) / max(float(n), 1.0)
+    return np.maximum(np.asarray(var_a) + np.asarray(var_b) - p * (1.0 - p) / max(float(n), 1.0), 0.0)
 
 
 def clustered_lower_bound(x_unit, n_unit, confidence: float) -> float | None:

@@ -122,6 +122,19 @@ def test_clustered_pairs_widen_the_bound():
     assert np.median(rates_from_scores(s_clustered, qi, di).deff_fp) > np.median(rates_from_scores(s, qi, di).deff_fp)
 
 
+def test_independent_pairs_have_no_design_effect():
+    """Every pair independent (no query or image effect): the two cluster sums each hold the pairs' binomial
+    variance once, and the two-way form subtracts it once, so the design effect is about 1, not 2."""
+    rng = np.random.default_rng(5)
+    s = rng.normal(0.0, 0.1, (600, 300))
+    qi = np.arange(600) % 300
+    s[np.arange(600), qi] = 0.3 + rng.normal(0.0, 0.1, 600)
+    rates = rates_from_scores(s, qi, np.arange(300))
+    enough = (rates.fp >= 50) & (rates.fp <= rates.num_negatives - 50)
+    assert enough.sum() >= 10
+    assert np.median(rates.deff_fp[enough]) < 1.3  # 2.0 when the binomial variance was counted twice
+
+
 def test_a_larger_gallery_needs_a_higher_threshold_or_is_refused():
     q, d, qi, di = _embeddings(noise=0.6)
     rates = measure_rates(q, d, qi, di)
