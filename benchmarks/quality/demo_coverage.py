@@ -2,12 +2,12 @@
 family of the calibration suite").
 
 For every seed's workdir of ``demo_seeds.py`` (``<demo_runs>/seed<S>``: the demo's Cross-Example Softmax model and
-its baselines, Sampled Softmax and SigLIP), the trained towers embed the validation split, the test split and
-``--distractors`` more distractor images of the demo's generator (their own seed, never a test image), and the
-arrays are saved as ``<out>/runs/demo/scenes/<objective>-seed<S>.npz`` in the layout of the calibration suite's
-runs. ``guarantee_coverage.py`` then makes every promise the way the index makes it (on the whole validation split
-and on resamples of 100 / 300 / 1,000 captions) and checks it on the test gallery as it is and with 10x and 100x as
-many images (500 test images: 4,500 and 49,500 distractors):
+its baselines, Sampled Softmax, SigLIP and symmetric InfoNCE), the trained towers embed the validation split, the
+test split and ``--distractors`` more distractor images of the demo's generator (their own seed, never a test
+image), and the arrays are saved as ``<out>/runs/demo/scenes/<objective>-seed<S>.npz`` in the layout of the
+calibration suite's runs. ``guarantee_coverage.py`` then makes every promise the way the index makes it (on the
+whole validation split and on resamples of 100 / 300 / 1,000 captions) and checks it on the test gallery as it is
+and with 10x and 100x as many images (500 test images: 4,500 and 49,500 distractors):
 
     python -m benchmarks.quality.demo_seeds --seeds 0 1 2 3 4 --workdir runs/demo_seeds --out /tmp/demo_seeds
     python -m benchmarks.quality.demo_coverage --demo_runs runs/demo_seeds --out runs/demo_coverage
@@ -26,7 +26,12 @@ import time
 import numpy as np
 
 #: the demo's models: (subfolder of a seed's workdir, the label the coverage tables use)
-MODELS = (("model", "CE"), ("baseline/model", "SS"), ("baseline_SigmoidLoss/model", "SigLIP"))
+MODELS = (
+    ("model", "CE"),
+    ("baseline/model", "SS"),
+    ("baseline_SigmoidLoss/model", "SigLIP"),
+    ("baseline_SymmetricInfoNCE/model", "InfoNCE"),
+)
 DISTRACTOR_SEED = 104_729  # the demo's own distractors use data.seed + 7919; these are other images
 
 

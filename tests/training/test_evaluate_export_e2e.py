@@ -115,7 +115,7 @@ def test_index_command_embeds_calibrates_and_builds(exported, trained, tmp_path)
 
 @pytest.mark.slow
 def test_the_demo_coverage_study_embeds_each_model_and_checks_its_promises(model_dir, trained, tmp_path):
-    """``benchmarks/quality/demo_coverage.py`` then ``guarantee_coverage.py`` on a demo-seeds layout whose three
+    """``benchmarks/quality/demo_coverage.py`` then ``guarantee_coverage.py`` on a demo-seeds layout whose four
     models are this trained model: the arrays are the towers' embeddings of the validation and test splits and of
     distractors no caption is about, and every promise is checked on the galleries they allow."""
     import os
@@ -143,6 +143,7 @@ def test_the_demo_coverage_study_embeds_each_model_and_checks_its_promises(model
     argv = ["--runs", str(out), "--results", str(results), "--name", "cov", "--resamples", "1"]
     assert guarantee_coverage.main(argv) == 0
     record = json.loads((results / "cov.json").read_text())
-    assert record["num_runs"] == 3 and record["regimes"] == ["demo"] and record["objectives"] == ["CE", "SS", "SigLIP"]
+    labels = sorted(label for _, label in demo_coverage.MODELS)
+    assert record["num_runs"] == 4 and record["regimes"] == ["demo"] and record["objectives"] == labels
     galleries = {g["multiplier"] for g in record["groups"]}
     assert galleries == {1, 10}, galleries  # 12 test images and 108 distractors: x1 and x10, not x100
