@@ -109,7 +109,8 @@ def markdown(rng: dict, records: list[dict], command: str) -> str:
         f"Seeds {rng['seeds']} of `train.seed` (model initialisation and batch order; the data seed stays "
         f"{records[0]['data_seed']}), {rng['steps']} steps at batch {rng['batch_size']}, config {rng['config']}, "
         f"commit {rng['git_commit']}. Machine: {m.get('cpu')}, {m.get('cpu_count')} cores, flags "
-        f"{' '.join(m.get('cpu_flags', []))}, TensorFlow {m.get('tensorflow')}, {m.get('gpus')} GPU.",
+        f"{' '.join(m.get('cpu_flags', []))}, TensorFlow {m.get('tensorflow')} (intra-op threads "
+        f"{m.get('tf_intra_op_threads', 'default')}), {m.get('gpus')} GPU.",
         "",
         "| seed | date (UTC) | seconds of this invocation | load average at its end (1, 5, 15 min) |",
         "|---:|---|---:|---|",

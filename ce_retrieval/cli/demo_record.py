@@ -71,7 +71,15 @@ def machine() -> dict:
 
     info["tensorflow"], info["numpy"] = tf.__version__, np.__version__
     info["gpus"] = len(tf.config.list_physical_devices("GPU"))
+    info["tf_intra_op_threads"] = intra_op_threads()
     return info
+
+
+def intra_op_threads() -> str:
+    """TensorFlow's intra-op thread setting (``TF_NUM_INTRAOP_THREADS``, or "default": one per core). Part of what
+    "one machine" means: the thread count sets how kernels split their sums, and a 500-step training from scratch
+    amplifies that last-bit difference into another model (benchmarks/results/demo_seeds_1thread.md)."""
+    return os.environ.get("TF_NUM_INTRAOP_THREADS", "").strip() or "default"
 
 
 def write(workdir: str, cfg, reports: dict, seconds: float) -> dict:
@@ -106,6 +114,13 @@ def write(workdir: str, cfg, reports: dict, seconds: float) -> dict:
             f"[demo] where these figures sit among the seeds {shipped['seeds']} measured on "
             f"{shipped['machine'].get('cpu')} ({shipped['date'][:10]}; another CPU trains a slightly different model):"
         )
+        theirs = shipped["machine"].get("tf_intra_op_threads", "default")
+        ours = record["machine"]["tf_intra_op_threads"]
+        if theirs != ours:
+            print(
+                f"[demo] note: this run's TensorFlow intra-op threads ({ours}) differ from the range's ({theirs}): "
+                "that alone trains another model (TF_NUM_INTRAOP_THREADS)"
+            )
         for line in position_lines(record, shipped):
             print("  " + line)
     return record
@@ -128,7 +143,8 @@ def markdown(record: dict) -> str:
         "",
         f"Config {record['config']}, {record['steps']} steps at batch {record['batch_size']}, data seed "
         f"{record['data_seed']}, commit {record['git_commit']}. Machine: {m.get('cpu')}, {m.get('cpu_count')} "
-        f"cores, flags {' '.join(m.get('cpu_flags', []))}, TensorFlow {m.get('tensorflow')}, {m.get('gpus')} GPU. "
+        f"cores, flags {' '.join(m.get('cpu_flags', []))}, TensorFlow {m.get('tensorflow')} (intra-op threads "
+        f"{m.get('tf_intra_op_threads', 'default')}), {m.get('gpus')} GPU. "
         f"Load average (1, 5, 15 min) at the end: {record['load_average_1_5_15']}; {record['seconds']} s.",
         "",
         "| test split | " + " | ".join(names) + " |",

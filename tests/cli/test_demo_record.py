@@ -50,6 +50,7 @@ def test_write_makes_json_and_markdown_and_places_figures_in_the_range(tmp_path,
     shipped["runs"]["CrossExampleSoftmax"]["levels_reached"] = [10, 16]
     (tmp_path / "range.json").write_text(json.dumps(shipped))
     monkeypatch.setattr(demo_record, "RANGE_FILE", str(tmp_path / "range.json"))
+    monkeypatch.delenv("TF_NUM_INTRAOP_THREADS", raising=False)  # scripts/test.sh sets it; the range has the default
     reports = {"CrossExampleSoftmax": _report(0.1, 0.4, 17, 0.45), "SampledSoftmax": _report(0.1, 0.3, 6, None)}
     record = demo_record.write(str(tmp_path / "w"), _cfg(2), reports, 12.34)
     saved = json.loads((tmp_path / "w" / "record.json").read_text())
@@ -62,6 +63,22 @@ def test_write_makes_json_and_markdown_and_places_figures_in_the_range(tmp_path,
     assert "CrossExampleSoftmax: text->image R@1 40.0 in [20.0, 60.0]: inside" in out
     assert "CrossExampleSoftmax: precision levels reachable on val (of 19) 17 in [10, 16]: ABOVE" in out
     assert "SampledSoftmax: no range shipped for this loss" in out
+    assert "intra-op threads" not in out  # neither side names a setting: both default
+
+
+def test_the_record_names_the_thread_setting_and_the_demo_warns_when_it_differs(tmp_path, monkeypatch, capsys):
+    """One intra-op thread trains another model than the default (benchmarks/results/demo_seeds_1thread.md): the
+    record says which setting made it, and a run whose setting differs from the shipped range's says so."""
+    shipped = {"seeds": [0], "date": "2026-11-25T10:00:00+00:00", "machine": {"cpu": "c"}, "runs": {}}
+    (tmp_path / "range.json").write_text(json.dumps(shipped))
+    monkeypatch.setattr(demo_record, "RANGE_FILE", str(tmp_path / "range.json"))
+    monkeypatch.setenv("TF_NUM_INTRAOP_THREADS", "1")
+    record = demo_record.write(str(tmp_path / "w"), _cfg(0), {"CrossExampleSoftmax": _report(0.1, 0.4, 1, None)}, 1)
+    assert record["machine"]["tf_intra_op_threads"] == "1"
+    assert "(intra-op threads 1)" in (tmp_path / "w" / "record.md").read_text()
+    assert "intra-op threads (1) differ from the range's (default)" in capsys.readouterr().out
+    monkeypatch.delenv("TF_NUM_INTRAOP_THREADS")
+    assert demo_record.machine()["tf_intra_op_threads"] == "default"
 
 
 def test_range_over_seeds_counts_seeds_without_a_value(tmp_path):
