@@ -260,8 +260,8 @@ def _rates(block, n: int, m: int, qids, dids, grid_size: int, rows: int, positiv
     var_tp = cluster_variance(by_unit(pos_row), by_unit(pos_per_row), num_pos)
     if positives is not None and _spans_units(unit_of_row[pos_rows], pos_cols):
         pos_col = _ge_counts(pos_col_hist)[:, ::-1]  # the documents' clustering of the relevant pairs too
-        var_tp = two_way(var_tp, cluster_variance(pos_col.astype(np.float64), np.bincount(pos_cols, minlength=m),
-                                                  num_pos), tp, num_pos)  # fmt: skip
+        var_col = cluster_variance(pos_col.astype(np.float64), np.bincount(pos_cols, minlength=m), num_pos)
+        var_tp = two_way(var_tp, var_col, tp, num_pos)
     neg_per_row = m - pos_per_row
     neg_per_col = n - np.bincount(pos_cols, minlength=m)
     var_fp = two_way(
