@@ -23,6 +23,7 @@ from ce_retrieval.search.partitions import BallPartitions, leaf_of_rows
 from ce_retrieval.search.threshold import (
     APPROXIMATE,
     FAMILIAR_QUANTILE,
+    NEAR_BAND,
     PROBE_LEAVES,
     SET_RECALL_CONFIDENCE,
     SPREAD_PRIOR,
@@ -171,7 +172,8 @@ def tune_threshold_search(
         f"{p.growth} from {p.start_k} until the k-th exact score < tau (exact past k = {p.max_k})"
         + ("; then every item of the partition leaves holding a hit, scored exactly" if p.expand_leaves else "")
         + "; a query is answered exactly instead when its next step would cost more than a scan (cost model) or "
-        "its hits look unlike the tuning queries' (familiar: spread over leaves, hits missed in probe leaves); "
+        "its hits look unlike the tuning queries' (familiar: spread over leaves, hits missed in probe leaves, "
+        "near-misses per hit); "
         "exact=true: ball-bounded k-means leaves + exact re-scoring, or a scan when pruning cannot win",
         "default": "approximate" if meets else "exact",
         "file": PARTITIONS_FILE if partitions is not None else None,
@@ -206,7 +208,19 @@ def tune_threshold_search(
                     f"(found + {SPREAD_PRIOR:g})",
                     "limit": limits["missed"],
                 },
-            },
+            }
+            | (
+                {}
+                if "near" not in limits
+                else {
+                    "near": {
+                        "statistic": f"items of the scored leaves in [tau - {NEAR_BAND:g}, tau) / (their hits + "
+                        f"{SPREAD_PRIOR:g})",
+                        "band": NEAR_BAND,
+                        "limit": limits["near"],
+                    }
+                }
+            ),
             "served": _served_figures(index, q, own_rows, taus, truth, factor),
             "tuning": table,
         },

@@ -40,9 +40,10 @@ from ce_retrieval.search.threshold import (
     grow_topk_threshold,
     hit_leaves,
     missed,
+    near_misses,
     probe_leaves,
     scann_leaves,
-    score_leaves,
+    score_leaves_near,
     spread,
 )
 
@@ -101,6 +102,8 @@ class GalleryIndex(SearchIndex):
         familiar = approx.get("familiar") or {}
         self.familiar_limits = {k: v["limit"] for k, v in familiar.items() if isinstance(v, dict) and "limit" in v}
         self.probe_leaves = int(familiar.get("probe_leaves", 0))
+        # the band the near-miss limit was measured with (manifests without that statistic have no such limit)
+        self.near_band = float((familiar.get("near") or {}).get("band", ts.NEAR_BAND))
         served = (approx.get("served") or {}).get("set_recall_approximate")  # None: no tuning query went approximate
         self.approximate_set_recall = served if served is not None else approx.get("set_recall_min")
         self._exact = None  # ExactSearch over the embeddings, made on first use (checks the gallery once)
@@ -248,7 +251,7 @@ class GalleryIndex(SearchIndex):
             return rows, scores, list(reasons), {}
         found = [rows[i] for i in live]
         have = hit_leaves(self.partitions, found)
-        familiar = {name: np.full(len(rows), np.nan) for name in ("spread", "missed")}  # NaN: not measured
+        familiar = {name: np.full(len(rows), np.nan) for name in ("spread", "missed", "near")}  # NaN: not measured
         familiar["spread"][live] = spread(found, have)
         if checks and "spread" in self.familiar_limits:  # known now: such a query skips the leaf scoring and probe
             reasons[live[familiar["spread"][live] > self.familiar_limits["spread"]]] = ts.UNFAMILIAR
@@ -262,17 +265,22 @@ class GalleryIndex(SearchIndex):
             reasons[live[go[stats["spent"][live[go]] + costs.expansion(items) > costs.exact]]] = ts.COST
         scored = [j for j, i in enumerate(live[go]) if reasons[i] == ts.APPROXIMATE and len(leaves[j])]
         if scored:
-            got_rows, got_scores = score_leaves(
-                queries[live[go[scored]]], tau, [leaves[j] for j in scored], self.embeddings, self.partitions
+            got_rows, got_scores, near = score_leaves_near(
+                queries[live[go[scored]]],
+                tau,
+                [leaves[j] for j in scored],
+                self.embeddings,
+                self.partitions,
+                self.near_band,
             )
+            familiar["near"][live[go[scored]]] = near_misses(near, [len(r) for r in got_rows])
             for k, j in enumerate(scored):
                 i = live[go[j]]
                 rows[i], scores[i] = _with_found(got_rows[k], got_scores[k], rows[i], scores[i], p.expand_leaves)
         familiar["missed"][live[go]] = missed(self.partitions, found, probe, [rows[i] for i in live[go]])
-        if checks and "missed" in self.familiar_limits:
-            reasons[(reasons == ts.APPROXIMATE) & (familiar["missed"] > self.familiar_limits["missed"])] = (
-                ts.UNFAMILIAR_MISSED
-            )
+        for name, why in (("missed", ts.UNFAMILIAR_MISSED), ("near", ts.UNFAMILIAR_NEAR)):
+            if checks and name in self.familiar_limits:
+                reasons[(reasons == ts.APPROXIMATE) & (familiar[name] > self.familiar_limits[name])] = why
         redo = np.flatnonzero((reasons != ts.APPROXIMATE) & ~stats["exact"])
         if len(redo):
             got_rows, got_scores = self._exact_threshold(queries[redo], tau)

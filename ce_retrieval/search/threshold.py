@@ -52,16 +52,28 @@ Two per-query checks keep the approximate search from losing to the exact one (i
   without a round. ``BUDGET`` < 1 trades the queries that would have finished between ``BUDGET`` and 1 exact
   search (answered exactly instead, at 1 to 1 + ``BUDGET``) for a lower worst case: measured at 200k, where the
   tuned first round cost 0.9 of a scan, ``BUDGET`` = 1 let half the queries pay that round and then the scan.
-* **Familiarity** (:func:`spread`, :func:`missed`): two statistics of what the rounds found, each over (found +
-  SPREAD_PRIOR). ``spread``: the partition leaves holding the found hits; small when the hits share leaves (the
-  expansion then recovers the rest), near 1 when each lies in its own leaf (queries unlike the gallery's, whose
-  hits the expansion cannot reach: ``benchmarks/results/threshold_leaves.md``). ``missed``: the hits in the
-  ``PROBE_LEAVES`` leaves of highest mean score that held no found hit (:func:`probe_leaves`, scored exactly for
-  every approximate answer, their hits kept); hits there are hits the rounds missed, which happens where the
-  quantised scores mislead (queries far from the gallery's clusters). Past the ``FAMILIAR_QUANTILE`` of the
-  tuning queries' values of either (``familiar`` in the manifest) the query is answered exactly. The spread is
-  known when the rounds end, so a query past its limit skips the leaf scoring and the probe (``UNFAMILIAR``); the
-  probe's verdict comes after them (``UNFAMILIAR_MISSED``).
+* **Familiarity** (:func:`spread`, :func:`missed`, :func:`near_misses`): three statistics of what the search
+  found, each over (hits + SPREAD_PRIOR). Past the ``FAMILIAR_QUANTILE`` of the tuning queries' values of any of
+  them (``familiar`` in the manifest) the query is answered exactly.
+
+  - ``spread``: the partition leaves holding the found hits; small when the hits share leaves (the expansion then
+    recovers the rest), near 1 when each lies in its own leaf (queries unlike the gallery's, whose hits the
+    expansion cannot reach: ``benchmarks/results/threshold_leaves.md``). Known when the rounds end, so a query past
+    its limit skips the leaf scoring and the probe (``UNFAMILIAR``).
+  - ``missed``: the hits in the ``PROBE_LEAVES`` leaves of highest mean score that held no found hit
+    (:func:`probe_leaves`, scored exactly for every approximate answer, their hits kept); hits there are hits the
+    rounds missed, which happens where the quantised scores mislead (queries far from the gallery's clusters).
+    Its verdict comes after the leaf scoring (``UNFAMILIAR_MISSED``).
+  - ``near``: the items of the scored leaves (expanded and probed) whose score lies in the band just below the
+    threshold, per hit there (``UNFAMILIAR_NEAR``, with the probe's verdict),
+
+        near_q = |{x scored : tau - NEAR_BAND <= q.x < tau}| / (|{x scored : q.x >= tau}| + SPREAD_PRIOR),
+
+    large when the hits are the top of a dense band of near-misses rather than a neighbourhood of their own:
+    there a quantisation error of a few hundredths reorders hits and near-misses, so the ANN's candidates miss
+    hits that no leaf near a found hit and no probe leaf holds. The other two miss such queries where the leaves
+    are coarse (10M items in 8,192 leaves: a sixth of the other-cluster queries passed both,
+    ``benchmarks/results/threshold_search_issue32_10000000_cut.md``).
 
 Each query's answer says which path made it (:class:`ThresholdAnswer`): exact, or approximate with the set recall
 measured on the tuning queries the index answered approximately.
@@ -87,8 +99,10 @@ __all__ = [
     "grow_topk_threshold",
     "merge_answers",
     "missed",
+    "near_misses",
     "probe_leaves",
     "score_leaves",
+    "score_leaves_near",
     "set_recall",
     "set_recall_lower_bound",
     "spread",
@@ -143,6 +157,10 @@ EXPANDED_ITEM = 40.0  # a member of an expanded or probed partition leaf (gather
 SPREAD_PRIOR = 10.0  # found hits added to the statistics' denominator: a query with few hits is not called unlike
 FAMILIAR_QUANTILE = 0.995  # tuning queries' quantile of each statistic past which a query counts as unlike them
 PROBE_LEAVES = 4  # leaves of highest mean score holding no found hit, scored for every approximate answer
+# The near-miss band, in the index's score (cosine of unit vectors): a few times the 4-bit quantisation's score
+# error. It only defines the statistic; the limit is the tuning queries' FAMILIAR_QUANTILE of it, in the manifest
+# with the band it was measured with.
+NEAR_BAND = 0.05
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,6 +216,10 @@ UNFAMILIAR = "exact: the hits found spread over more leaves than the tuning quer
 UNFAMILIAR_MISSED = (
     "exact: the probe leaves held more hits the rounds missed than the tuning queries' did (a query unlike them)"
 )
+UNFAMILIAR_NEAR = (
+    "exact: the scored leaves held more items just below tau per hit than the tuning queries' did (hits at the top "
+    "of a dense band of near-misses, which the quantised scores cannot order: a query unlike them)"
+)
 APPROXIMATE = "approximate"
 UNCHECKED = (
     "approximate, unchecked: the index has no threshold partitions, so a query unlike the tuning queries is not "
@@ -235,6 +257,11 @@ def missed(
     (found + SPREAD_PRIOR)."""
     counts = [np.isin(leaf_of_rows(partitions, r), v).sum() for r, v in zip(rows, probe, strict=True)]
     return np.array(counts, dtype=np.float64) / _found_prior(found)
+
+
+def near_misses(near: np.ndarray, hits: np.ndarray) -> np.ndarray:
+    """Per query, the scored leaves' items in ``[tau - NEAR_BAND, tau)`` (``near``) / (their hits + SPREAD_PRIOR)."""
+    return np.asarray(near, np.float64) / (np.asarray(hits, np.float64) + SPREAD_PRIOR)
 
 
 def _found_prior(found: list[np.ndarray]) -> np.ndarray:
@@ -336,7 +363,22 @@ def expand_to_leaves(
 def score_leaves(
     queries: np.ndarray, tau: float, leaves: list[np.ndarray], gallery: np.ndarray, partitions: BallPartitions
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Every item with ``q.x >= tau`` in the partition leaves ``leaves[q]`` (exactly scored; descending).
+    """Every item with ``q.x >= tau`` in the partition leaves ``leaves[q]`` (exactly scored; descending):
+    :func:`score_leaves_near` without the near-miss counts."""
+    rows, scores, _ = score_leaves_near(queries, tau, leaves, gallery, partitions)
+    return rows, scores
+
+
+def score_leaves_near(
+    queries: np.ndarray,
+    tau: float,
+    leaves: list[np.ndarray],
+    gallery: np.ndarray,
+    partitions: BallPartitions,
+    band: float = NEAR_BAND,
+) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
+    """Every item with ``q.x >= tau`` in the partition leaves ``leaves[q]`` (exactly scored; descending), and per
+    query the count of the leaves' items scoring in ``[tau - band, tau)`` (the near-misses, :func:`near_misses`).
 
     A query's hits are few leaves' worth of items (those near it), but the ANN ranks leaves by their centres and
     misses the hits of leaves it ranks low; one hit it did find brings in its leaf and every hit there
@@ -349,16 +391,17 @@ def score_leaves(
     contend (measured through 8 threads at 100k: 90 queries/s with BLAS, against ~2,600 for one thread); and for a
     batch, one small BLAS product per leaf with the queries holding it (``partitions.exact_threshold_search`` with
     ``leaves``) measured 0.49 ms per query against 0.17 for this, 200 queries at 1M (load 4)."""
-    out_rows, out_scores = [], []
-    for q, mine in zip(queries, leaves, strict=True):
+    out_rows, out_scores, near = [], [], np.zeros(len(leaves), np.int64)
+    for j, (q, mine) in enumerate(zip(queries, leaves, strict=True)):
         rows = union_rows(partitions, np.asarray(mine, np.int64))
         scores = np.einsum("ij,j->i", gallery[rows], q)  # no BLAS (docstring)
         keep = scores >= tau
+        near[j] = np.count_nonzero(scores >= tau - band) - np.count_nonzero(keep)
         rows, scores = rows[keep], scores[keep]
         order = np.lexsort((rows, -scores))
         out_rows.append(rows[order])
         out_scores.append(scores[order].astype(np.float32))
-    return out_rows, out_scores
+    return out_rows, out_scores, near
 
 
 def set_recall(found: list[np.ndarray], truth: list[np.ndarray]) -> float | None:
