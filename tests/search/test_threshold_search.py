@@ -457,6 +457,7 @@ def test_manifest_says_what_the_recall_was_measured_on(promise_indexes, build):
     assert familiar["near"]["band"] == ts.NEAR_BAND and familiar["near"]["limit"] > 0
     limits = {k: familiar[k]["limit"] for k in ("spread", "missed", "near")}
     assert promise_indexes[build]["index"].familiar_limits == limits
+    assert promise_indexes[build]["index"].near_band == familiar["near"]["band"]
     served = approx["served"]
     assert max(served["exact_share"].values()) <= 0.1  # the tuning queries themselves are familiar
     measured = served["set_recall_approximate_measured"]
