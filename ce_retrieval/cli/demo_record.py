@@ -121,6 +121,13 @@ def write(workdir: str, cfg, reports: dict, seconds: float) -> dict:
                 f"[demo] note: this run's TensorFlow intra-op threads ({ours}) differ from the range's ({theirs}): "
                 "that alone trains another model (TF_NUM_INTRAOP_THREADS)"
             )
+        for key in ("config", "steps", "batch_size"):
+            if key in shipped and shipped[key] != record[key]:
+                print(
+                    f"[demo] note: this run's {key} ({record[key]}) differs from the range's ({shipped[key]}): the "
+                    "range describes another setting (at 1,500 steps every model is far above it: "
+                    "benchmarks/results/demo_seeds_1500steps.md)"
+                )
         for line in position_lines(record, shipped):
             print("  " + line)
     return record

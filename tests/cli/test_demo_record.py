@@ -64,6 +64,21 @@ def test_write_makes_json_and_markdown_and_places_figures_in_the_range(tmp_path,
     assert "CrossExampleSoftmax: precision levels reachable on val (of 19) 17 in [10, 16]: ABOVE" in out
     assert "SampledSoftmax: no range shipped for this loss" in out
     assert "intra-op threads" not in out  # neither side names a setting: both default
+    assert "differs from the range's" not in out  # the range names no steps here
+
+
+def test_the_demo_says_when_its_steps_differ_from_the_range(tmp_path, monkeypatch, capsys):
+    """A run with other steps (e.g. ``train.epochs=15``) is compared with a range of another setting: it says so."""
+    shipped = {"seeds": [0], "date": "2026-11-25", "machine": {"cpu": "c"}, "runs": {}, "steps": 500}
+    shipped |= {"config": "synthetic_demo", "batch_size": 64}
+    (tmp_path / "range.json").write_text(json.dumps(shipped))
+    monkeypatch.setattr(demo_record, "RANGE_FILE", str(tmp_path / "range.json"))
+    demo_record.write(str(tmp_path / "a"), _cfg(0), {"CrossExampleSoftmax": _report(0.1, 0.4, 1, None)}, 1)
+    assert "differs from the range's" not in capsys.readouterr().out  # _cfg: 500 steps at batch 64
+    cfg = _cfg(0)
+    cfg.train.epochs *= 3
+    demo_record.write(str(tmp_path / "b"), cfg, {"CrossExampleSoftmax": _report(0.1, 0.4, 1, None)}, 1)
+    assert "this run's steps (1500) differs from the range's (500)" in capsys.readouterr().out
 
 
 def test_the_record_names_the_thread_setting_and_the_demo_warns_when_it_differs(tmp_path, monkeypatch, capsys):
