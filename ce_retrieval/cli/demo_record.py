@@ -125,8 +125,7 @@ def write(workdir: str, cfg, reports: dict, seconds: float) -> dict:
             if key in shipped and shipped[key] != record[key]:
                 print(
                     f"[demo] note: this run's {key} ({record[key]}) differs from the range's ({shipped[key]}): the "
-                    "range describes another setting (at 1,500 steps every model is far above it: "
-                    "benchmarks/results/demo_seeds_1500steps.md)"
+                    "range describes another setting"
                 )
         for line in position_lines(record, shipped):
             print("  " + line)
