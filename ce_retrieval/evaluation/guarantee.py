@@ -28,22 +28,40 @@ sample would get a design effect of 2 (the form of the library before 2026-11-29
 less). (For relevant pairs the two clusterings coincide, so only the query units are used; with relevance given
 as pairs, where an image's relevant pairs may span several query units, both are combined for them too.) This gives
 the design effect
-``deff = V / (p (1 - p) / n)`` (at least 1) and the effective sample size ``n / deff``. The bound is then the
-Clopper-Pearson bound of the proportion at the effective sample size (Korn & Graubard 1998), exact for
-independent pairs and widened by the clustering otherwise. Where a rate has fewer than ``MIN_EVENTS`` events
+``deff = V / (p (1 - p) / n)`` (at least 1) and the effective sample size ``n / deff``. The test below then runs
+on effective counts (k / deff, n / deff and likewise for the irrelevant pairs; Korn & Graubard 1998): exact for
+independent pairs, widened by the clustering otherwise. Where a rate has fewer than ``MIN_EVENTS`` events
 the variance estimate is unreliable, and the design effect of the nearest grid point with enough events is used.
 
-Simultaneous over thresholds and levels (Learn then Test, Angelopoulos et al. 2021, Bonferroni form). The
-candidate thresholds are G order statistics of the validation positives' scores (TPR levels 1/G, 2/G, ..., 1).
-Each of the 2G bounds (TPR lower, FPR upper) is taken at alpha = delta / (2G), so with probability >= 1 - delta
-all of them hold at once; then every candidate whose bounded precision
+The served gallery is a finite draw of images too. Its own image effects move its rates away from the
+population's: a promise about "the gallery being served" must cover that. The part of each rate's cluster variance
+that comes from images beyond the pairs' own binomial variance (deff - 1 for the relevant pairs, which cluster on
+their image; ``deff_fp_gallery`` for the irrelevant ones) is added once more, scaled by M_val / M: a served
+gallery of the validation's size doubles it, a gallery 100 times larger adds 1 %. Independent pairs add nothing.
 
-    prec_lo(t) = r TPR_lo(t) / (r TPR_lo(t) + (M - r) FPR_hi(t))                           (2)
+One test per candidate and level, on the ratio of the two rates. By (1), prec_M(t) >= p exactly when
 
-reaches p has prec_M(t) >= p, for every offered level p simultaneously. The guaranteed threshold for p is the
-lowest such candidate (largest recall); none is a refusal ("the validation data cannot certify p"), never a
-silent fallback. The order statistics make the TPR bound exact: at the k-th highest of n positive scores the
-true TPR follows Beta(k, n - k + 1), whose alpha quantile is the Clopper-Pearson bound at X = k.
+    FPR(t) / TPR(t) <= c_p = r (1 - p) / ((M - r) p).                                          (2)
+
+The candidate thresholds are G order statistics of the validation positives' scores (TPR levels 1/G, 2/G, ...,
+1). At the k-th highest of n positive scores the true TPR u is Beta(k, n - k + 1) distributed, and the
+irrelevant pairs above it, FP, are Binomial(n_neg, FPR) given u, independent of the positives. For a fixed
+ratio c, whatever the ROC curve FPR = g(TPR), the event "g(u) > c u and FP <= f" has probability at most
+
+    pv(c; k, f) = E_{u ~ Beta(k, n - k + 1)} P(Binomial(n_neg, c u) <= f),                     (3)
+
+since Binomial(n_neg, g(u)) is stochastically larger than Binomial(n_neg, c u) where g(u) > c u. So (3) at the
+observed f is a valid p-value for "the precision at this candidate is below p": it accounts for both rates'
+uncertainty at once, where bounding TPR and FPR separately (the library's form before 2026-11-29) spends the
+error twice and adds the two bounds' widths. (3) is computed as an upper Riemann sum over the Beta's quantiles
+(h decreasing in u), so the computed value is never below the true one.
+
+Simultaneous over thresholds and levels (Learn then Test, Angelopoulos et al. 2021, Bonferroni form): each of
+the G x L tests (G candidates, L offered levels) is taken at alpha = delta / (G L), so with probability
+>= 1 - delta no candidate is certified for a level it does not reach. The guaranteed threshold for p is the
+lowest certified candidate (largest recall); none is a refusal ("the validation data cannot certify p"), never a
+silent fallback. The promise covers the offered levels; ``precision_lower_bound`` reports, for information, the
+highest precision the chosen candidate's test would pass at the same alpha.
 
 Assumptions (docs/evaluation.md): validation queries and images are drawn like the served ones (the guarantee
 is about the population they come from, not about a different domain: recalibrate there with a few labels),
@@ -55,6 +73,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+from scipy import special
 
 from ce_retrieval.evaluation._arrays import block_rows, check_pair, check_positives, required_positive_pairs
 from ce_retrieval.evaluation.calibration import DEFAULT_BLOCK_ELEMENTS
@@ -69,12 +88,15 @@ __all__ = [
     "measure_rates",
     "rates_from_scores",
     "precision_at_size",
+    "ratio_pvalues",
 ]
 
 DEFAULT_DELTA = 0.1
 DEFAULT_GRID = 64
 MIN_EVENTS = 10
-METHOD = "ltt-bonferroni/clopper-pearson-two-way"
+METHOD = "ltt-bonferroni/beta-binomial-ratio-two-way"
+QUADRATURE_NODES = 256
+TAIL = 1e-13  # Beta mass left out at each end of the quadrature (added to the p-value in full)
 FORMAT = "rates/1"
 
 
@@ -96,6 +118,10 @@ class ScoreRates:
     curve_thresholds: np.ndarray
     curve_tp: np.ndarray
     curve_fp: np.ndarray
+    # the part of the irrelevant rate's design effect that comes from the gallery's images beyond the pairs' own
+    # binomial variance (V_images - p (1 - p) / n, over p (1 - p) / n; >= 0): what a served gallery, itself a
+    # finite draw of images, adds (guaranteed_thresholds). None in calibrations made before it was stored.
+    deff_fp_gallery: np.ndarray | None = None
 
     @property
     def relevant_per_query(self) -> float:
@@ -117,6 +143,7 @@ class ScoreRates:
             "curve_thresholds": f(self.curve_thresholds, 9),
             "curve_tp": [int(v) for v in self.curve_tp],
             "curve_fp": [int(v) for v in self.curve_fp],
+            **({} if self.deff_fp_gallery is None else {"deff_fp_gallery": [float(v) for v in self.deff_fp_gallery]}),
         }
 
     @classmethod
@@ -137,6 +164,7 @@ class ScoreRates:
             arr("curve_thresholds", np.float32),
             arr("curve_tp", np.int64),
             arr("curve_fp", np.int64),
+            arr("deff_fp_gallery", np.float64) if "deff_fp_gallery" in d else None,
         )
 
 
@@ -147,13 +175,14 @@ def _grid(pos_scores: np.ndarray, size: int) -> np.ndarray:
     return np.unique(desc[np.clip(ranks, 1, len(desc)) - 1])[::-1]
 
 
-def _design_effect(var: np.ndarray, x: np.ndarray, n: int) -> np.ndarray:
-    """``V / (p (1 - p) / n)`` at least 1; points with fewer than MIN_EVENTS events (or none left) take the
-    value of the nearest point that has enough (the largest over all points when none has)."""
+def _design_effect(var: np.ndarray, x: np.ndarray, n: int, floor: float = 1.0, excess: bool = False) -> np.ndarray:
+    """``V / (p (1 - p) / n)`` at least ``floor`` (``excess``: ``V / (p (1 - p) / n) - 1``, the part beyond the
+    binomial variance); points with fewer than MIN_EVENTS events (or none left) take the value of the nearest
+    point that has enough (the largest over all points when none has)."""
     p = x / max(n, 1)
     binom = p * (1 - p) / max(n, 1)
     deff = np.where(binom > 0, var / np.where(binom > 0, binom, 1.0), 1.0)
-    deff = np.maximum(deff, 1.0)
+    deff = np.maximum(deff - float(excess), floor)
     ok = (x >= MIN_EVENTS) & (n - x >= MIN_EVENTS)
     if not ok.any():
         return np.full_like(deff, float(deff.max()) if len(deff) else 1.0)
@@ -264,12 +293,8 @@ def _rates(block, n: int, m: int, qids, dids, grid_size: int, rows: int, positiv
         var_tp = two_way(var_tp, var_col, tp, num_pos)
     neg_per_row = m - pos_per_row
     neg_per_col = n - np.bincount(pos_cols, minlength=m)
-    var_fp = two_way(
-        cluster_variance(by_unit(neg_row), by_unit(neg_per_row), num_neg),
-        cluster_variance(neg_col.astype(np.float64), neg_per_col, num_neg),
-        fp,
-        num_neg,
-    )
+    var_fp_images = cluster_variance(neg_col.astype(np.float64), neg_per_col, num_neg)
+    var_fp = two_way(cluster_variance(by_unit(neg_row), by_unit(neg_per_row), num_neg), var_fp_images, fp, num_neg)
     all_ge = _ge_counts(curve_hist)
     pos_ge = _ge_counts(np.bincount(np.searchsorted(curve_asc, pos_scores, side="right"), minlength=len(curve_asc) + 1))
     return ScoreRates(
@@ -285,6 +310,7 @@ def _rates(block, n: int, m: int, qids, dids, grid_size: int, rows: int, positiv
         curve_thresholds=curve_asc[::-1].copy(),
         curve_tp=pos_ge[::-1].copy(),
         curve_fp=(all_ge - pos_ge)[::-1].copy(),
+        deff_fp_gallery=_design_effect(var_fp_images, fp, num_neg, floor=0.0, excess=True),
     )
 
 
@@ -302,6 +328,53 @@ def precision_at_size(tpr, fpr, gallery_size: float, relevant_per_query: float) 
     false = max(m - r, 0.0) * np.asarray(fpr, np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(hits + false > 0, hits / (hits + false), np.nan)
+
+
+def ratio_pvalues(k, n, f, n_neg, ratios) -> np.ndarray:
+    """Eq. (3) for each candidate and ratio: an upper bound, never below the true value, of
+        E_{u ~ Beta(k, n - k + 1)} P(Binomial(n_neg, c u) <= f).
+
+        ``k``, ``n`` (positives above the candidate, all positives), ``f``, ``n_neg`` (the same for the irrelevant
+        pairs) are [G] and may be real (effective counts); ``ratios`` is [L] (the same for every candidate) or [G, L].
+    Returns [G, L]. The Beta is cut at its
+        ``TAIL`` and ``1 - TAIL`` quantiles into ``QUADRATURE_NODES`` equal steps in log u (fine where the Beta is
+    wide and skewed, k small, and where it is narrow); each step's exact Beta mass is
+        weighted by the binomial tail at the step's left end (the largest on the step, as it falls with u), and the
+        mass below the cut counts in full.
+    """
+    k, n, f, nn = (np.atleast_1d(np.asarray(v, np.float64)) for v in (k, n, f, n_neg))
+    c = np.asarray(ratios, np.float64)
+    c = np.broadcast_to(c if c.ndim == 2 else np.atleast_1d(c)[None, :], (len(k), np.atleast_1d(c).shape[-1]))
+    a, b = np.maximum(k, 1e-12), n - k + 1.0
+    lo = special.betaincinv(a, b, TAIL)
+    hi = special.betaincinv(a, b, 1.0 - TAIL)
+    lo = np.maximum(lo, 1e-300)
+    u = lo[:, None] * (hi / lo)[:, None] ** np.linspace(0.0, 1.0, QUADRATURE_NODES + 1)[None, :]  # [G, Q + 1]
+    cdf = special.betainc(a[:, None], b[:, None], u)
+    mass = np.concatenate([cdf[:, :1], np.diff(cdf, axis=1), 1.0 - cdf[:, -1:]], axis=1)  # [G, Q + 2]
+    left = np.concatenate([np.zeros_like(lo)[:, None], u], axis=1)  # each piece's left end: 0, u_0, ..., u_Q
+    q = c[:, :, None] * left[:, None, :]  # [G, L, Q + 2]: the binomial's rate at each left end
+    fb, nb = f[:, None, None], nn[:, None, None]
+    with np.errstate(invalid="ignore"):
+        tail = special.betainc(np.maximum(nb - fb, 1e-12), fb + 1.0, np.clip(1.0 - q, 0.0, 1.0))
+    tail = np.where(fb >= nb, 1.0, np.where(q >= 1.0, 0.0, np.where(q <= 0.0, 1.0, tail)))
+    return np.minimum(np.einsum("glq,gq->gl", tail, np.maximum(mass, 0.0)), 1.0)
+
+
+def _ratio_bounds(k, n, f, n_neg, alpha: float, steps: int = 16, passes: int = 4) -> np.ndarray:
+    """For each candidate, the smallest ratio c whose test (3) passes at ``alpha`` (the p-value falls as c grows),
+    to a relative 1e-3: each pass evaluates ``steps`` ratios across every candidate's bracket (log c in [-30, 30]
+    first) and keeps the step where the p-value crosses alpha. Returns the brackets' upper ends (ratios that
+    pass)."""
+    k, n, f, n_neg = (np.atleast_1d(np.asarray(v, np.float64)) for v in (k, n, f, n_neg))
+    lo, hi = np.full(len(k), -30.0), np.full(len(k), 30.0)
+    for _ in range(passes):
+        grid = lo[:, None] + (hi - lo)[:, None] * np.linspace(0.0, 1.0, steps)[None, :]  # [G, S]
+        passed = ratio_pvalues(k, n, f, n_neg, np.exp(grid)) <= alpha
+        first = np.where(passed.any(1), np.argmax(passed, axis=1), steps - 1)
+        rows = np.arange(len(k))
+        lo, hi = np.where(first > 0, grid[rows, np.maximum(first - 1, 0)], lo), grid[rows, first]
+    return np.exp(hi)
 
 
 def _level_key(p: float) -> str:
@@ -345,39 +418,58 @@ def guaranteed_thresholds(
     r = rates.relevant_per_query if relevant_per_query is None else float(relevant_per_query)
     if not 0.0 < r <= m:
         raise ValueError(f"relevant_per_query must be in (0, gallery_size], got {r}")
-    g = len(rates.thresholds)
-    alpha = float(delta) / (2 * g)
-    n_tp = rates.num_positives / rates.deff_tp
-    n_fp = rates.num_negatives / rates.deff_fp
-    tpr_lo = clopper_pearson(rates.tp / rates.deff_tp, n_tp, alpha, upper=False)
-    fpr_hi = clopper_pearson(rates.fp / rates.deff_fp, n_fp, alpha, upper=True)
-    prec_lo = np.nan_to_num(precision_at_size(tpr_lo, fpr_hi, m, r), nan=0.0)
-    out_levels, flat, est_levels, est_flat = {}, {}, {}, {}
-    for p in sorted(float(v) for v in levels):
+    levels = sorted({float(v) for v in levels})
+    for p in levels:
         if not 0.0 < p < 1.0:
             raise ValueError(f"precision levels must be in (0, 1), got {p}")
+    g = len(rates.thresholds)
+    alpha = float(delta) / (g * max(len(levels), 1))
+    # the served gallery is a finite draw of images too: its own image effects add the between-image variance,
+    # measured on validation, scaled by M_val / M (module docstring); calibrations stored without the gallery
+    # part of the irrelevant rate's design effect take the whole design effect instead (conservative)
+    scale = rates.num_documents / m
+    gallery_fp = rates.deff_fp if rates.deff_fp_gallery is None else rates.deff_fp_gallery
+    deff_tp = rates.deff_tp + (rates.deff_tp - 1.0) * scale  # relevant pairs cluster on their image
+    deff_fp = rates.deff_fp + gallery_fp * scale
+    k, n = rates.tp / deff_tp, rates.num_positives / deff_tp  # effective counts (module docstring)
+    f, n_neg = rates.fp / deff_fp, rates.num_negatives / deff_fp
+    ratios = np.array([r * (1.0 - p) / (max(m - r, 1e-12) * p) for p in levels])  # eq. (2)
+    pv = ratio_pvalues(k, n, f, n_neg, ratios) if levels else np.zeros((g, 0))
+    tpr_lo = clopper_pearson(k, n, alpha, upper=False)
+
+    chosen = {j: np.flatnonzero(pv[:, j] <= alpha) for j in range(len(levels))}
+    chosen = {j: int(ok[-1]) for j, ok in chosen.items() if len(ok)}  # thresholds descend: largest recall last
+    # the nearest miss of a refused level: the candidate closest to passing, or one another level certified
+    near = {j: [int(np.argmin(pv[:, j])), *chosen.values()] for j in range(len(levels)) if j not in chosen}
+    need = sorted(set(chosen.values()) | {i for c in near.values() for i in c})
+    ratio_hi = _ratio_bounds(k[need], n[need], f[need], n_neg[need], alpha) if need else []
+    # the highest precision each candidate's test passes at alpha (eq. 1 at its ratio bound)
+    bound = {i: float(r / (r + max(m - r, 0.0) * c)) for i, c in zip(need, ratio_hi, strict=True)}
+    out_levels, flat, est_levels, est_flat = {}, {}, {}, {}
+    for j, p in enumerate(levels):
         key = _level_key(p)
-        ok = np.flatnonzero(prec_lo >= p)
-        if len(ok):
-            k = ok[-1]  # thresholds descend: the last certified one has the largest recall
+        if j in chosen:
+            i = chosen[j]
             out_levels[key] = {
-                "threshold": float(rates.thresholds[k]),
-                "precision_lower_bound": float(prec_lo[k]),
-                "recall_lower_bound": float(tpr_lo[k]),
-                "recall_estimate": float(rates.tp[k] / rates.num_positives),
+                "threshold": float(rates.thresholds[i]),
+                "p_value": float(pv[i, j]),
+                "precision_lower_bound": max(bound[i], p),
+                "recall_lower_bound": float(tpr_lo[i]),
+                "recall_estimate": float(rates.tp[i] / rates.num_positives),
             }
-            flat[key] = float(rates.thresholds[k])
+            flat[key] = float(rates.thresholds[i])
         else:
-            best = int(np.argmax(prec_lo))
+            i = max(near[j], key=bound.get)
+            best = min(bound[i], p)
             out_levels[key] = {
                 "threshold": None,
                 "refused": (
                     f"the calibration data ({rates.num_queries} queries x {rates.num_documents} images) cannot "
                     f"certify precision {p:g} at confidence {1 - delta:g} on a gallery of {m:,} items: the highest "
-                    f"certified precision is {prec_lo[best]:.3f} (at threshold {float(rates.thresholds[best]):.4f}); "
+                    f"certified precision is {best:.3f} (at threshold {float(rates.thresholds[i]):.4f}); "
                     "calibrate on more labelled queries or serve a lower level"
                 ),
-                "best_precision_lower_bound": float(prec_lo[best]),
+                "best_precision_lower_bound": best,
             }
             flat[key] = None
         est = _estimate(rates, p, m, r)
@@ -392,6 +484,7 @@ def guaranteed_thresholds(
         "num_calibration_queries": rates.num_queries,
         "num_calibration_images": rates.num_documents,
         "num_candidates": g,
+        "alpha_per_test": alpha,
         "threshold_at_precision": flat,
         "levels": out_levels,
         "estimated": {"threshold_at_precision": est_flat, "levels": est_levels},

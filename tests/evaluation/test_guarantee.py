@@ -12,6 +12,7 @@ from ce_retrieval.evaluation.guarantee import (
     measure_rates,
     precision_at_size,
     rates_from_scores,
+    ratio_pvalues,
 )
 from ce_retrieval.utils.proportions import clopper_pearson
 
@@ -74,6 +75,54 @@ def test_clopper_pearson_equals_scipy_exact_interval():
         lo, hi = stats.binomtest(x, n).proportion_ci(confidence_level=1 - 2 * alpha, method="exact")
         assert clopper_pearson(x, n, alpha, upper=False) == pytest.approx(lo, abs=1e-12)
         assert clopper_pearson(x, n, alpha, upper=True) == pytest.approx(hi, abs=1e-12)
+
+
+@pytest.mark.parametrize(
+    "k, n, f, n_neg, c",
+    [(40, 300, 25, 29_700, 0.01), (5, 300, 0, 29_700, 0.001), (2, 60, 3, 5_000, 0.05), (1, 300, 0, 29_700, 0.5),
+     (150.5, 400.2, 80.3, 50_000.0, 0.003), (280, 300, 500, 29_700, 0.02), (64, 64, 200, 6_000, 0.05)],
+)  # fmt: skip
+def test_ratio_pvalue_bounds_the_integral_from_above(k, n, f, n_neg, c):
+    """Eq. (3) against adaptive quadrature of the same integral: never below it, at most 8 % above."""
+    from scipy import integrate, special
+
+    def integrand(u):
+        return stats.beta.pdf(u, k, n - k + 1) * (special.betainc(n_neg - f, f + 1, 1 - c * u) if c * u < 1 else 0.0)
+
+    kinks = [k / n, min(1, f / n_neg / c)]
+    exact = integrate.quad(integrand, 0, 1, epsabs=1e-15, epsrel=1e-10, limit=1000, points=kinks)[0]
+    got = ratio_pvalues([k], [n], [f], [n_neg], [c])[0, 0]
+    assert exact <= got <= 1.08 * exact + 1e-12
+
+
+def test_the_ratio_test_has_its_size_where_it_is_hardest():
+    """The least favourable ROC for eq. (3) is a line just above the tested ratio, FPR = c (1 + eps) TPR: there
+    the precision is below the level at every threshold, so every pass is a broken promise. One candidate (the
+    30th highest of 100 relevant scores), 20,000 draws: the test passes in at most alpha of them, and in more
+    than 0.6 alpha (the bound is tight, not vacuous)."""
+    rng = np.random.default_rng(11)
+    k, n, n_neg, alpha, draws, rho = 30, 100, 5_000, 0.05, 20_000, 0.05
+    tpr = 1.0 - np.sort(rng.uniform(0, 1, (draws, n)), axis=1)[:, n - k]  # relevant scores uniform: TPR = 1 - t
+    fp = rng.binomial(n_neg, rho * tpr)  # irrelevant: uniform with probability rho, else below every threshold
+    passed = ratio_pvalues(np.full(draws, k), np.full(draws, n), fp, np.full(draws, n_neg), [rho / 1.001])[:, 0]
+    share = np.mean(passed <= alpha)
+    assert 0.6 * alpha < share <= alpha + 3 * np.sqrt(alpha * (1 - alpha) / draws)
+
+
+def test_the_ratio_test_certifies_more_than_two_separate_bounds():
+    """Independent Gaussian scores, the same candidate, the ratio at the median of its true FPR / TPR: the test
+    passes whenever bounding TPR and FPR separately (alpha / 2 each, the library's form before 2026-11-29) does,
+    and about three times as often; it never passes where the true ratio is above c more than alpha allows."""
+    rng = np.random.default_rng(11)
+    k, n, n_neg, alpha, draws = 30, 100, 5_000, 0.05, 4_000
+    t = np.sort(rng.normal(1.0, 1.0, (draws, n)), axis=1)[:, n - k]  # the k-th highest relevant score
+    tpr, fpr = stats.norm.sf(t - 1.0), stats.norm.sf(t)
+    fp = rng.binomial(n_neg, fpr)  # the irrelevant pairs above it, given the threshold
+    c = float(np.median(fpr / tpr))
+    passed = ratio_pvalues(np.full(draws, k), np.full(draws, n), fp, np.full(draws, n_neg), [c])[:, 0] <= alpha
+    separate = clopper_pearson(fp, n_neg, alpha / 2, upper=True) <= c * clopper_pearson(k, n, alpha / 2, upper=False)
+    assert np.all(passed >= separate) and passed.sum() > 2 * separate.sum()
+    assert np.mean((fpr / tpr > c) & passed) <= alpha
 
 
 def _embeddings(seed=0, images=120, captions=3, dim=16, noise=1.0):
@@ -162,3 +211,58 @@ def test_bad_arguments_are_named():
         measure_rates(q, d, qi + 10_000, di)
     with pytest.raises(ValueError, match="shape"):
         rates_from_scores(np.zeros(3), [1], [1])
+
+
+def test_promises_hold_on_a_served_gallery_that_is_itself_a_draw():
+    """Strong image effects (sigma_b 0.1 against noise 0.05): the served gallery, 200 images drawn like the
+    validation's, has its own rates. Its true precision (new queries, its images' effects fixed) is in closed
+    form; every promise holds on it in at least 1 - delta - 0.02 of 300 draws, and some are made."""
+    sa, sb, se, mu1, images = 0.06, 0.1, 0.05, 0.55, 200
+    rng = np.random.default_rng(21)
+    kept = made = 0
+    for _ in range(300):
+        a, b = rng.normal(0, sa, images * 2), rng.normal(0, sb, images)
+        s = a[:, None] + b[None, :] + rng.normal(0, se, (images * 2, images))
+        qids = np.repeat(np.arange(images), 2)
+        s[np.arange(len(qids)), qids] = mu1 + a + b[qids] + rng.normal(0, se, len(qids))
+        taus = guaranteed_thresholds(rates_from_scores(s, qids, np.arange(images)), LEVELS, 0.1)
+        served = rng.normal(0, sb, images)  # the served gallery's own images
+        ok = True
+        for p, t in taus["threshold_at_precision"].items():
+            if t is not None:
+                made += 1
+                tpr = stats.norm.sf((t - mu1 - served) / np.hypot(sa, se)).mean()
+                fpr = stats.norm.sf((t - served) / np.hypot(sa, se)).mean()
+                ok &= bool(precision_at_size(tpr, fpr, images, 1.0) >= float(p))
+        kept += ok
+    assert kept / 300 >= 1 - 0.1 - 0.02 and made >= 100
+
+
+def test_a_calibration_stored_without_the_gallery_term_is_read_conservatively():
+    """Manifests written before ``deff_fp_gallery`` was stored load, and take the whole design effect in its place:
+    never a lower threshold than the full calibration's."""
+    rng = np.random.default_rng(4)
+    rates = rates_from_scores(*draw(rng))
+    assert rates.deff_fp_gallery is not None and np.all(rates.deff_fp_gallery >= 0)
+    old = rates.to_json()
+    del old["deff_fp_gallery"]
+    back = ScoreRates.from_json(old)
+    assert back.deff_fp_gallery is None
+    new_t = guaranteed_thresholds(rates, LEVELS)["threshold_at_precision"]
+    old_t = guaranteed_thresholds(back, LEVELS)["threshold_at_precision"]
+    assert any(t is not None for t in old_t.values())
+    for key, t in old_t.items():
+        assert t is None or (new_t[key] is not None and t >= new_t[key])
+
+
+def test_the_gallery_term_is_about_zero_for_independent_pairs_and_large_for_clustered_ones():
+    """The served gallery's term is the image sum's variance beyond the pairs' own binomial variance: about 0 where
+    every pair is independent, above 1 (in units of the binomial variance) with image effects."""
+    rng = np.random.default_rng(6)
+    s = rng.normal(0.0, 0.1, (400, 200))
+    qi = np.arange(400) % 200
+    s[np.arange(400), qi] = 0.35 + rng.normal(0.0, 0.1, 400)
+    iid = rates_from_scores(s, qi, np.arange(200))
+    assert np.median(iid.deff_fp_gallery) < 0.3
+    clustered = rates_from_scores(*draw(rng))
+    assert np.median(clustered.deff_fp_gallery) > 1.0
