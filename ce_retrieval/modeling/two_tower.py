@@ -203,7 +203,9 @@ class TwoTowerModel(tf_keras.Model):
         ``loss``: a Keras loss on ``(relevance, S)``, normally built by :class:`ce_retrieval.tasks.RetrievalTask`
         (which gives it λ₀ = ``logit_scale``); the model's objective gives a loss with a logit scale the current λ
         (and b) at every call; a fixed λ (b) must be the loss's own.
-        ``jit_compile``: XLA-compile the numeric part of the step (towers, gather, loss, gradients).
+        ``jit_compile``: XLA-compile the numeric part of the step (towers, gather, loss, gradients). Refused, with
+        the layers named, when op determinism is on and a tower max-pools: XLA has no deterministic max-pool
+        gradient (TensorFlow fails only at the first step, with an error about a GPU kernel even on a CPU).
         ``on_bad_batch``: a step whose loss or gradients are NaN/Inf, or whose batch has no positive pair, is
         never applied silently (XLA drops the losses' own checks): ``"stop"`` raises an error naming the step;
         ``"skip"`` leaves the weights unchanged and counts it in the ``skipped_steps`` log (one replica only).
@@ -263,6 +265,8 @@ class TwoTowerModel(tf_keras.Model):
             image_optimizer = _with_loss_scale(image_optimizer)
         self.text_optimizer = text_optimizer
         self.image_optimizer = image_optimizer
+        if jit_compile:
+            _check_xla_determinism(self)
         self._core_jit = bool(jit_compile)
         self.embedding_chunk = chunk
         self._compute_step = self._compute_gradients_cached if chunk else self._compute_gradients
@@ -421,6 +425,26 @@ class TwoTowerModel(tf_keras.Model):
         if self.learn_logit_bias:
             logs["logit_bias"] = self.logit_bias
         return logs
+
+
+def _op_determinism_enabled() -> bool:
+    from tensorflow.python.framework import config as tf_config
+
+    return bool(tf_config.is_op_determinism_enabled())
+
+
+def _check_xla_determinism(model) -> None:
+    """Raises when an XLA-compiled step cannot be both deterministic and differentiated through the towers'
+    max-pooling layers (no deterministic XLA MaxPoolGrad)."""
+    if not _op_determinism_enabled():
+        return
+    pools = sorted({m.name for m in model.submodules if type(m).__name__ in ("MaxPooling2D", "MaxPool2D")})
+    if pools:
+        raise ValueError(
+            f"jit_compile=True with op determinism on cannot train this model: XLA has no deterministic gradient "
+            f"for its max-pooling layers ({', '.join(pools)}). Set train.deterministic: false (the same seed may "
+            "then train a model that differs in the last bits) or train.jit_compile: false"
+        )
 
 
 def _with_loss_scale(optimizer):

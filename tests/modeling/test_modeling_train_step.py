@@ -127,3 +127,18 @@ def test_xla_compiled_step_matches_the_graph_step(vocab_file):
         np.testing.assert_allclose(
             tf.convert_to_tensor(a).numpy(), tf.convert_to_tensor(b).numpy(), rtol=2e-3, atol=1e-5
         )
+
+
+def test_xla_with_op_determinism_is_refused_with_the_layers_named(vocab_file, monkeypatch):
+    """The demo's ResNet max-pools; with op determinism on, XLA cannot differentiate it (TensorFlow would fail at
+    the first step with an error about a GPU kernel). compile says so, naming the layer and the two ways out."""
+    from ce_retrieval.modeling import two_tower
+
+    monkeypatch.setattr(two_tower, "_op_determinism_enabled", lambda: True)
+    model = build_two_tower(tiny_config(), vocab_file)
+    opts = {"text_optimizer": tf_keras.optimizers.SGD(0.1), "image_optimizer": tf_keras.optimizers.SGD(0.1)}
+    with pytest.raises(ValueError, match=r"max-pooling layers \(.*pool.*\).*train.deterministic: false"):
+        model.compile(loss=SampledSoftmax(), jit_compile=True, **opts)
+    model.compile(loss=SampledSoftmax(), jit_compile=False, **opts)  # without XLA nothing to refuse
+    monkeypatch.setattr(two_tower, "_op_determinism_enabled", lambda: False)
+    model.compile(loss=SampledSoftmax(), jit_compile=True, **opts)
