@@ -53,8 +53,8 @@ ratio c, whatever the ROC curve FPR = g(TPR), the event "g(u) > c u and FP <= f"
 since Binomial(n_neg, g(u)) is stochastically larger than Binomial(n_neg, c u) where g(u) > c u. So (3) at the
 observed f is a valid p-value for "the precision at this candidate is below p": it accounts for both rates'
 uncertainty at once, where bounding TPR and FPR separately (the library's form before 2026-11-29) spends the
-error twice and adds the two bounds' widths. (3) is computed as an upper Riemann sum over the Beta's quantiles
-(h decreasing in u), so the computed value is never below the true one.
+error twice and adds the two bounds' widths. (3) is computed as an upper Riemann sum (the binomial tail falls as
+u grows; exact Beta masses on log-spaced steps), so the computed value is never below the true one.
 
 Simultaneous over thresholds and levels (Learn then Test, Angelopoulos et al. 2021, Bonferroni form): each of
 the G x L tests (G candidates, L offered levels) is taken at alpha = delta / (G L), so with probability
@@ -331,16 +331,16 @@ def precision_at_size(tpr, fpr, gallery_size: float, relevant_per_query: float) 
 
 
 def ratio_pvalues(k, n, f, n_neg, ratios) -> np.ndarray:
-    """Eq. (3) for each candidate and ratio: an upper bound, never below the true value, of
+    """Eq. (3) for each candidate and ratio c: an upper bound, never below the true value, of
+
         E_{u ~ Beta(k, n - k + 1)} P(Binomial(n_neg, c u) <= f).
 
-        ``k``, ``n`` (positives above the candidate, all positives), ``f``, ``n_neg`` (the same for the irrelevant
-        pairs) are [G] and may be real (effective counts); ``ratios`` is [L] (the same for every candidate) or [G, L].
-    Returns [G, L]. The Beta is cut at its
-        ``TAIL`` and ``1 - TAIL`` quantiles into ``QUADRATURE_NODES`` equal steps in log u (fine where the Beta is
-    wide and skewed, k small, and where it is narrow); each step's exact Beta mass is
-        weighted by the binomial tail at the step's left end (the largest on the step, as it falls with u), and the
-        mass below the cut counts in full.
+    ``k``, ``n`` (positives above the candidate, all positives) and ``f``, ``n_neg`` (the same for the irrelevant
+    pairs) are [G] and may be real (effective counts); ``ratios`` is [L] (the same for every candidate) or [G, L].
+    Returns [G, L]. The Beta is cut at its ``TAIL`` and ``1 - TAIL`` quantiles into ``QUADRATURE_NODES`` equal
+    steps in log u (fine both where the Beta is wide and skewed, k small, and where it is narrow); each step's
+    exact Beta mass is weighted by the binomial tail at the step's left end (the largest on the step, as the tail
+    falls with u), and the mass below the cut counts in full.
     """
     k, n, f, nn = (np.atleast_1d(np.asarray(v, np.float64)) for v in (k, n, f, n_neg))
     c = np.asarray(ratios, np.float64)
