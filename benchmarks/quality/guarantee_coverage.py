@@ -60,7 +60,8 @@ def run_checks(
     z, delta: float, resamples: int, rng, val_sizes=VAL_SIZES, multipliers=MULTIPLIERS, levels=LEVELS
 ) -> list[dict]:
     """Rows ``{val_size, resample, multiplier, level, kind, threshold, refused, predicted, hits, recall, kept}``
-    for one run's arrays ``z`` (kind: guaranteed or estimated)."""
+    for one run's arrays ``z`` (kind: guaranteed or estimated); guaranteed rows also carry ``certifiable``, the
+    highest precision the calibration certifies at a candidate near the level (its threshold's, when certified)."""
     f = lambda k: np.asarray(z[k], np.float32)  # noqa: E731
     q, d, qi, di = f("q"), f("d"), z["q_ids"], z["d_ids"]
     vq, vd, vqi, vdi = f("val_q"), f("val_d"), z["val_q_ids"], z["val_d_ids"]
@@ -92,6 +93,9 @@ def run_checks(
                 ):
                     row = {"val_size": size, "val_queries": n, "resample": r, "multiplier": mult, "level": level}
                     row.update(kind=kind, threshold=t, refused=t is None)
+                    if kind == "guaranteed":  # the highest precision a candidate near this level certifies
+                        entry = b["guaranteed"]["levels"][key]
+                        row["certifiable"] = entry.get("precision_lower_bound", entry.get("best_precision_lower_bound"))
                     if t is not None:
                         predicted, hits = counts[t]
                         row.update(predicted=predicted, hits=hits, recall=hits / num_pos)
@@ -148,6 +152,8 @@ def by_objective(rows: list[dict]) -> list[dict]:
     out = []
     for (regime, family, objective, level), rs in sorted(groups.items()):
         recalls = np.asarray([r.get("recall", 0.0) for r in rs])
+        rs = sorted(rs, key=lambda r: r["run"])
+        best = np.asarray([r["certifiable"] for r in rs if r.get("certifiable") is not None], np.float64)
         out.append(
             {
                 "regime": regime,
@@ -159,9 +165,26 @@ def by_objective(rows: list[dict]) -> list[dict]:
                 "recall_sd": float(recalls.std(ddof=1)) if len(rs) > 1 else None,
                 "certified": sum(not r["refused"] for r in rs),
                 "kept": sum(bool(r.get("kept")) for r in rs if not r["refused"]),
+                "certifiable_min": float(best.min()) if len(best) else None,
+                "certifiable_max": float(best.max()) if len(best) else None,
+                "certifiable_by_run": {r["run"]: r.get("certifiable") for r in rs},
             }
         )
     return out
+
+
+def highest_certified(table: list[dict]) -> list[dict]:
+    """Per (regime, family, objective): the highest precision the guarantee certifies on the whole validation
+    split for the test gallery as it is, min - max over the runs (read at the highest level's nearest candidates):
+    a figure that separates models where no offered level is certified."""
+    top = {}
+    for o in table:
+        key = (o["regime"], o["family"], o["objective"])
+        if o["certifiable_max"] is not None and (key not in top or o["level"] > top[key]["level"]):
+            top[key] = o
+    names = ("regime", "family", "objective", "runs", "min", "max", "by_run")
+    keys = ("runs", "certifiable_min", "certifiable_max", "certifiable_by_run")
+    return [dict(zip(names, (*k, *(o[n] for n in keys)), strict=True)) for k, o in sorted(top.items())]
 
 
 def _pct(x) -> str:
@@ -211,6 +234,23 @@ def markdown(record: dict) -> str:
         lines.append(
             f"| {o['regime']} | {o['family']} | {o['objective']} | {o['level']:g} | {100 * o['recall']:.1f}{sd} % | "
             f"{o['certified']} / {o['runs']} | {o['kept']} / {o['certified']} |"
+        )
+    lines += [
+        "",
+        "## Highest precision certified, by objective (whole validation split, test gallery as it is)",
+        "",
+        "Min – max over the objective's runs: the highest precision the guarantee certifies at the candidate "
+        "thresholds nearest to the highest level (that level's threshold where it is certified). It separates "
+        "models where no offered level is certified.",
+        "",
+        "| regime | family | objective | runs | highest precision certified | per run |",
+        "|---|---|---|---:|---:|---|",
+    ]
+    for o in highest_certified(record["objectives_table"]):
+        per_run = ", ".join(f"{run} {v:.3f}" for run, v in o["by_run"].items() if v is not None)
+        lines.append(
+            f"| {o['regime']} | {o['family']} | {o['objective']} | {o['runs']} | "
+            f"{o['min']:.3f} – {o['max']:.3f} | {per_run} |"
         )
     lines += [
         "",

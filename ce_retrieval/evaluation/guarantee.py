@@ -73,7 +73,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-from scipy import special
+from scipy import special, stats
 
 from ce_retrieval.evaluation._arrays import block_rows, check_pair, check_positives, required_positive_pairs
 from ce_retrieval.evaluation.calibration import DEFAULT_BLOCK_ELEMENTS
@@ -439,8 +439,15 @@ def guaranteed_thresholds(
 
     chosen = {j: np.flatnonzero(pv[:, j] <= alpha) for j in range(len(levels))}
     chosen = {j: int(ok[-1]) for j, ok in chosen.items() if len(ok)}  # thresholds descend: largest recall last
-    # the nearest miss of a refused level: the candidate closest to passing, or one another level certified
-    near = {j: [int(np.argmin(pv[:, j])), *chosen.values()] for j in range(len(levels)) if j not in chosen}
+    # a refused level's nearest miss: the highest precision any candidate certifies, searched among the three
+    # candidates a normal approximation of the ratio's bound ranks highest, the one closest to passing this level
+    # and those other levels chose
+    with np.errstate(divide="ignore", invalid="ignore"):
+        approx = np.log(np.maximum(f, 0.5) / n_neg * n / k) + stats.norm.isf(alpha) * np.sqrt(
+            1.0 / np.maximum(f, 0.5) + np.clip(1.0 - k / n, 0.0, 1.0) / k
+        )
+    ranked = [int(i) for i in np.argsort(approx)[:3]]
+    near = {j: [*ranked, int(np.argmin(pv[:, j])), *chosen.values()] for j in range(len(levels)) if j not in chosen}
     need = sorted(set(chosen.values()) | {i for c in near.values() for i in c})
     ratio_hi = _ratio_bounds(k[need], n[need], f[need], n_neg[need], alpha) if need else []
     # the highest precision each candidate's test passes at alpha (eq. 1 at its ratio bound)

@@ -56,7 +56,8 @@ def test_quick_plan_writes_tables_plots_and_analysis(tmp_path):
     assert coverage.main(["--runs", str(tmp_path), "--results", str(results), "--resamples", "2"]) == 0
     cov = json.loads((results / "guarantee_coverage.json").read_text())
     assert cov["num_runs"] == len(record["runs"]) and {t["multiplier"] for t in cov["totals"]} == {1, 10}
-    assert "## Totals" in (results / "guarantee_coverage.md").read_text()
+    text = (results / "guarantee_coverage.md").read_text()
+    assert "## Totals" in text and "## Highest precision certified" in text
 
 
 def ce_doc_summary(out):
