@@ -345,35 +345,72 @@ def ratio_pvalues(k, n, f, n_neg, ratios) -> np.ndarray:
     k, n, f, nn = (np.atleast_1d(np.asarray(v, np.float64)) for v in (k, n, f, n_neg))
     c = np.asarray(ratios, np.float64)
     c = np.broadcast_to(c if c.ndim == 2 else np.atleast_1d(c)[None, :], (len(k), np.atleast_1d(c).shape[-1]))
+    return _tail_sum(*_quadrature(k, n), f, nn, c)
+
+
+def _quadrature(k: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each candidate's quadrature of Beta(k, n - k + 1) (see :func:`ratio_pvalues`): the pieces' left ends and
+    their exact masses, [G, Q + 2] each (the first piece [0, TAIL quantile), the last up to 1)."""
     a, b = np.maximum(k, 1e-12), n - k + 1.0
-    lo = special.betaincinv(a, b, TAIL)
+    lo = np.maximum(special.betaincinv(a, b, TAIL), 1e-300)
     hi = special.betaincinv(a, b, 1.0 - TAIL)
-    lo = np.maximum(lo, 1e-300)
     u = lo[:, None] * (hi / lo)[:, None] ** np.linspace(0.0, 1.0, QUADRATURE_NODES + 1)[None, :]  # [G, Q + 1]
     cdf = special.betainc(a[:, None], b[:, None], u)
-    mass = np.concatenate([cdf[:, :1], np.diff(cdf, axis=1), 1.0 - cdf[:, -1:]], axis=1)  # [G, Q + 2]
-    left = np.concatenate([np.zeros_like(lo)[:, None], u], axis=1)  # each piece's left end: 0, u_0, ..., u_Q
+    mass = np.concatenate([cdf[:, :1], np.diff(cdf, axis=1), 1.0 - cdf[:, -1:]], axis=1)
+    left = np.concatenate([np.zeros_like(lo)[:, None], u], axis=1)
+    return left, np.maximum(mass, 0.0)
+
+
+def _tail_sum(left: np.ndarray, mass: np.ndarray, f: np.ndarray, nn: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """Sum over the pieces of mass x P(Binomial(nn, c u_left) <= f), for ratios ``c`` [G, L]: [G, L]."""
     q = c[:, :, None] * left[:, None, :]  # [G, L, Q + 2]: the binomial's rate at each left end
     fb, nb = f[:, None, None], nn[:, None, None]
     with np.errstate(invalid="ignore"):
         tail = special.betainc(np.maximum(nb - fb, 1e-12), fb + 1.0, np.clip(1.0 - q, 0.0, 1.0))
     tail = np.where(fb >= nb, 1.0, np.where(q >= 1.0, 0.0, np.where(q <= 0.0, 1.0, tail)))
-    return np.minimum(np.einsum("glq,gq->gl", tail, np.maximum(mass, 0.0)), 1.0)
+    return np.minimum(np.einsum("glq,gq->gl", tail, mass), 1.0)
 
 
-def _ratio_bounds(k, n, f, n_neg, alpha: float, steps: int = 16, passes: int = 4) -> np.ndarray:
+def _ratio_bounds(k, n, f, n_neg, alpha: float, guess, tol: float = 1e-5) -> np.ndarray:
     """For each candidate, the smallest ratio c whose test (3) passes at ``alpha`` (the p-value falls as c grows),
-    to a relative 1e-3: each pass evaluates ``steps`` ratios across every candidate's bracket (log c in [-30, 30]
-    first) and keeps the step where the p-value crosses alpha. Returns the brackets' upper ends (ratios that
-    pass)."""
+    to ``tol`` in log c: a bracket of width 2 around ``guess`` (log c), widened (doubling, within [-30, 30]) until
+    it holds the crossing, then regula falsi with the Illinois step on log p-value - log alpha. Returns the
+    brackets' upper ends (ratios that pass)."""
     k, n, f, n_neg = (np.atleast_1d(np.asarray(v, np.float64)) for v in (k, n, f, n_neg))
-    lo, hi = np.full(len(k), -30.0), np.full(len(k), 30.0)
-    for _ in range(passes):
-        grid = lo[:, None] + (hi - lo)[:, None] * np.linspace(0.0, 1.0, steps)[None, :]  # [G, S]
-        passed = ratio_pvalues(k, n, f, n_neg, np.exp(grid)) <= alpha
-        first = np.where(passed.any(1), np.argmax(passed, axis=1), steps - 1)
-        rows = np.arange(len(k))
-        lo, hi = np.where(first > 0, grid[rows, np.maximum(first - 1, 0)], lo), grid[rows, first]
+    left, mass = _quadrature(k, n)
+
+    def h(x):  # > 0 where the test fails, <= 0 where it passes
+        pv = _tail_sum(left, mass, f, n_neg, np.exp(x)[:, None])[:, 0]
+        return np.log(np.maximum(pv, 1e-300)) - np.log(alpha)
+
+    guess = np.clip(np.nan_to_num(np.asarray(guess, np.float64), nan=0.0, posinf=29.0, neginf=-29.0), -29.0, 29.0)
+    lo, hi, width = guess - 1.0, guess + 1.0, 2.0
+    h_lo, h_hi = h(lo), h(hi)
+    for _ in range(8):  # widen until h(lo) > 0 >= h(hi), or the bracket meets [-30, 30]
+        low_passes, high_fails = (h_lo <= 0) & (lo > -30.0), (h_hi > 0) & (hi < 30.0)
+        if not (low_passes.any() or high_fails.any()):
+            break
+        hi, h_hi = np.where(low_passes, lo, hi), np.where(low_passes, h_lo, h_hi)
+        lo = np.where(low_passes, np.maximum(lo - width, -30.0), lo)
+        lo, h_lo = np.where(high_fails, hi, lo), np.where(high_fails, h_hi, h_lo)
+        hi = np.where(high_fails, np.minimum(hi + width, 30.0), hi)
+        h_lo, h_hi = np.where(low_passes, h(lo), h_lo), np.where(high_fails, h(hi), h_hi)
+        width *= 2
+    live = (h_lo > 0) & (h_hi <= 0)  # bracketed; the others keep their end (a clamp of [-30, 30])
+    side = np.zeros(len(k))  # the side the last step moved: +1 upper end, -1 lower end
+    for _ in range(60):
+        if not np.any(live & (hi - lo > tol)):
+            break
+        x = np.where(live, hi - h_hi * (hi - lo) / np.where(h_hi - h_lo < 0, h_hi - h_lo, -1.0), hi)
+        x = np.clip(x, lo + 0.01 * (hi - lo), hi - 0.01 * (hi - lo))
+        hx = h(x)
+        up = live & (hx <= 0)
+        down = live & (hx > 0)
+        h_lo = np.where(up & (side > 0), h_lo / 2, h_lo)  # Illinois: the end that stayed twice gets half weight
+        h_hi = np.where(down & (side < 0), h_hi / 2, h_hi)
+        hi, h_hi = np.where(up, x, hi), np.where(up, hx, h_hi)
+        lo, h_lo = np.where(down, x, lo), np.where(down, hx, h_lo)
+        side = np.where(up, 1.0, np.where(down, -1.0, side))
     return np.exp(hi)
 
 
@@ -439,9 +476,9 @@ def guaranteed_thresholds(
 
     chosen = {j: np.flatnonzero(pv[:, j] <= alpha) for j in range(len(levels))}
     chosen = {j: int(ok[-1]) for j, ok in chosen.items() if len(ok)}  # thresholds descend: largest recall last
-    # a refused level's nearest miss: the highest precision any candidate certifies, searched among the three
-    # candidates a normal approximation of the ratio's bound ranks highest, the one closest to passing this level
-    # and those other levels chose
+    # a normal approximation of each candidate's ratio bound (log c): the bisection's starting point, and, for a
+    # refused level's nearest miss (the highest precision any candidate certifies), the three candidates it ranks
+    # highest are searched with the one closest to passing that level and those other levels chose
     with np.errstate(divide="ignore", invalid="ignore"):
         approx = np.log(np.maximum(f, 0.5) / n_neg * n / k) + stats.norm.isf(alpha) * np.sqrt(
             1.0 / np.maximum(f, 0.5) + np.clip(1.0 - k / n, 0.0, 1.0) / k
@@ -449,7 +486,7 @@ def guaranteed_thresholds(
     ranked = [int(i) for i in np.argsort(approx)[:3]]
     near = {j: [*ranked, int(np.argmin(pv[:, j])), *chosen.values()] for j in range(len(levels)) if j not in chosen}
     need = sorted(set(chosen.values()) | {i for c in near.values() for i in c})
-    ratio_hi = _ratio_bounds(k[need], n[need], f[need], n_neg[need], alpha) if need else []
+    ratio_hi = _ratio_bounds(k[need], n[need], f[need], n_neg[need], alpha, approx[need]) if need else []
     # the highest precision each candidate's test passes at alpha (eq. 1 at its ratio bound)
     bound = {i: float(r / (r + max(m - r, 0.0) * c)) for i, c in zip(need, ratio_hi, strict=True)}
     out_levels, flat, est_levels, est_flat = {}, {}, {}, {}
