@@ -59,15 +59,17 @@ def promises_kept(draws: int, served_sizes, key: str, seed: int = 0) -> dict:
 
 @pytest.mark.slow
 def test_promises_hold_with_the_stated_confidence():
-    """1,000 validation draws, served on a gallery of the validation's size and on one ten times larger."""
-    for served, (kept, given) in promises_kept(1000, (200, 2000), "guaranteed").items():
+    """1,000 validation draws served on a gallery of the validation's size; the first 400 of them also on one ten
+    times larger."""
+    for served, draws in ((200, 1000), (2000, 400)):
+        kept, given = promises_kept(draws, (served,), "guaranteed")[served]
         assert kept >= 1 - 0.1 - 0.02, served
         assert given > 0.15, served  # the guarantee is not kept by refusing everything
 
 
 def test_the_point_estimate_breaks_its_promise_often():
     """The winner's curse the guarantee exists for: the same draws, the validation curve's own threshold."""
-    kept, _ = promises_kept(300, (200,), "estimated")[200]
+    kept, _ = promises_kept(150, (200,), "estimated")[200]
     assert kept < 0.8
 
 
