@@ -236,6 +236,8 @@ class TwoTowerModel(tf_keras.Model):
                 "embedding_chunk (gradient caching) runs each chunk's towers twice and needs the same function in "
                 f"both passes; dropout draws other masks in the second pass. Set the dropout rates to 0: {dropout}"
             )
+        if jit_compile:
+            _check_xla_determinism(self.text_core, self.image_core)
         self.on_bad_batch = on_bad_batch
         if text_optimizer is None or image_optimizer is None:
             raise ValueError("TwoTowerModel.compile needs text_optimizer and image_optimizer (see build_optimizers)")
@@ -265,8 +267,6 @@ class TwoTowerModel(tf_keras.Model):
             image_optimizer = _with_loss_scale(image_optimizer)
         self.text_optimizer = text_optimizer
         self.image_optimizer = image_optimizer
-        if jit_compile:
-            _check_xla_determinism(self)
         self._core_jit = bool(jit_compile)
         self.embedding_chunk = chunk
         self._compute_step = self._compute_gradients_cached if chunk else self._compute_gradients
@@ -433,17 +433,24 @@ def _op_determinism_enabled() -> bool:
     return bool(tf_config.is_op_determinism_enabled())
 
 
-def _check_xla_determinism(model) -> None:
-    """Raises when an XLA-compiled step cannot be both deterministic and differentiated through the towers'
-    max-pooling layers (no deterministic XLA MaxPoolGrad)."""
+def _check_xla_determinism(*towers) -> None:
+    """Raises when an XLA-compiled step cannot be both deterministic and differentiated through a max-pooling
+    layer (no deterministic XLA MaxPoolGrad): with op determinism on, a max-pool whose enclosing block has
+    trainable weights (a frozen backbone needs no gradient through its pools)."""
     if not _op_determinism_enabled():
         return
-    pools = sorted({m.name for m in model.submodules if type(m).__name__ in ("MaxPooling2D", "MaxPool2D")})
+    pools = []
+    for tower in towers:
+        modules = [tower, *tower.submodules]
+        for pool in (m for m in modules if type(m).__name__ in ("MaxPooling2D", "MaxPool2D")):
+            owner = min((m for m in modules if any(s is pool for s in m.submodules)), key=lambda m: len(m.submodules))
+            if owner.trainable_variables:
+                pools.append(pool.name)
     if pools:
         raise ValueError(
             f"jit_compile=True with op determinism on cannot train this model: XLA has no deterministic gradient "
-            f"for its max-pooling layers ({', '.join(pools)}). Set train.deterministic: false (the same seed may "
-            "then train a model that differs in the last bits) or train.jit_compile: false"
+            f"for its max-pooling layers ({', '.join(sorted(set(pools)))}). Set train.deterministic: false (the "
+            "same seed may then train a model that differs in the last bits) or train.jit_compile: false"
         )
 
 

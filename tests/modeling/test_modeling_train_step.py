@@ -140,5 +140,8 @@ def test_xla_with_op_determinism_is_refused_with_the_layers_named(vocab_file, mo
     with pytest.raises(ValueError, match=r"max-pooling layers \(.*pool.*\).*train.deterministic: false"):
         model.compile(loss=SampledSoftmax(), jit_compile=True, **opts)
     model.compile(loss=SampledSoftmax(), jit_compile=False, **opts)  # without XLA nothing to refuse
+    frozen = build_two_tower(tiny_config(), vocab_file)
+    frozen.image_core.trainable = False  # no gradient through a frozen tower's pools: nothing to refuse
+    frozen.compile(loss=SampledSoftmax(), jit_compile=True, **opts)
     monkeypatch.setattr(two_tower, "_op_determinism_enabled", lambda: False)
     model.compile(loss=SampledSoftmax(), jit_compile=True, **opts)
