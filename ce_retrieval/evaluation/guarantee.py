@@ -371,13 +371,13 @@ def _tail_sum(left: np.ndarray, mass: np.ndarray, f: np.ndarray, nn: np.ndarray,
     return np.minimum(np.einsum("glq,gq->gl", tail, mass), 1.0)
 
 
-def _ratio_bounds(k, n, f, n_neg, alpha: float, guess, tol: float = 1e-5) -> np.ndarray:
+def _ratio_bounds(quadrature, f, n_neg, alpha: float, guess, tol: float = 1e-5) -> np.ndarray:
     """For each candidate, the smallest ratio c whose test (3) passes at ``alpha`` (the p-value falls as c grows),
     to ``tol`` in log c: a bracket of width 2 around ``guess`` (log c), widened (doubling, within [-30, 30]) until
     it holds the crossing, then regula falsi with the Illinois step on log p-value - log alpha. Returns the
     brackets' upper ends (ratios that pass)."""
-    k, n, f, n_neg = (np.atleast_1d(np.asarray(v, np.float64)) for v in (k, n, f, n_neg))
-    left, mass = _quadrature(k, n)
+    left, mass = quadrature  # the candidates' Beta quadrature (_quadrature), [G, Q + 2] each
+    f, n_neg = np.atleast_1d(np.asarray(f, np.float64)), np.atleast_1d(np.asarray(n_neg, np.float64))
 
     def h(x):  # > 0 where the test fails, <= 0 where it passes
         pv = _tail_sum(left, mass, f, n_neg, np.exp(x)[:, None])[:, 0]
@@ -397,7 +397,7 @@ def _ratio_bounds(k, n, f, n_neg, alpha: float, guess, tol: float = 1e-5) -> np.
         h_lo, h_hi = np.where(low_passes, h(lo), h_lo), np.where(high_fails, h(hi), h_hi)
         width *= 2
     live = (h_lo > 0) & (h_hi <= 0)  # bracketed; the others keep their end (a clamp of [-30, 30])
-    side = np.zeros(len(k))  # the side the last step moved: +1 upper end, -1 lower end
+    side = np.zeros(len(f))  # the side the last step moved: +1 upper end, -1 lower end
     for _ in range(60):
         if not np.any(live & (hi - lo > tol)):
             break
@@ -471,7 +471,8 @@ def guaranteed_thresholds(
     k, n = rates.tp / deff_tp, rates.num_positives / deff_tp  # effective counts (module docstring)
     f, n_neg = rates.fp / deff_fp, rates.num_negatives / deff_fp
     ratios = np.array([r * (1.0 - p) / (max(m - r, 1e-12) * p) for p in levels])  # eq. (2)
-    pv = ratio_pvalues(k, n, f, n_neg, ratios) if levels else np.zeros((g, 0))
+    quadrature = _quadrature(k, n)  # once: the level tests and the bounds below integrate over the same Beta
+    pv = _tail_sum(*quadrature, f, n_neg, np.broadcast_to(ratios, (g, len(levels)))) if levels else np.zeros((g, 0))
     tpr_lo = clopper_pearson(k, n, alpha, upper=False)
 
     chosen = {j: np.flatnonzero(pv[:, j] <= alpha) for j in range(len(levels))}
@@ -486,7 +487,10 @@ def guaranteed_thresholds(
     ranked = [int(i) for i in np.argsort(approx)[:3]]
     near = {j: [*ranked, int(np.argmin(pv[:, j])), *chosen.values()] for j in range(len(levels)) if j not in chosen}
     need = sorted(set(chosen.values()) | {i for c in near.values() for i in c})
-    ratio_hi = _ratio_bounds(k[need], n[need], f[need], n_neg[need], alpha, approx[need]) if need else []
+    if need:
+        ratio_hi = _ratio_bounds(tuple(a[need] for a in quadrature), f[need], n_neg[need], alpha, approx[need])
+    else:
+        ratio_hi = []
     # the highest precision each candidate's test passes at alpha (eq. 1 at its ratio bound)
     bound = {i: float(r / (r + max(m - r, 0.0) * c)) for i, c in zip(need, ratio_hi, strict=True)}
     out_levels, flat, est_levels, est_flat = {}, {}, {}, {}
