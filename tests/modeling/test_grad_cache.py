@@ -211,17 +211,20 @@ def test_mixed_float16_with_loss_scaling_under_xla(vocab_file):
     policy = tf_keras.mixed_precision.global_policy()
     tf_keras.mixed_precision.set_global_policy("mixed_float16")
     try:
-        # The cached model's step under XLA, the plain one's in graph mode.
+        # Both steps under XLA, so that caching is the only difference: in float16, XLA's CPU code and the graph's
+        # kernels round differently (on an Intel Xeon with native float16, by 2.4 % of the largest gradient entry
+        # for the plain step alone, against 0.07 % between the cached and plain steps under XLA).
         plain, cached = _pair(vocab_file, chunk=XLA_CHUNK, jit=True, loss_scale=2.0**8)
         assert cached._loss_scaling
         inputs = plain._prepare(make_batch(), augment=False)
-        loss_p, _, _, text_p, image_p = tf.function(plain._compute_gradients, autograph=False)(*inputs)
+        plain_xla = tf.function(plain._compute_gradients, autograph=False, jit_compile=True)
+        loss_p, _, _, text_p, image_p = plain_xla(*inputs)
         loss_c, _, _, text_c, image_c = cached._compute_gradients_jit(*inputs)
         np.testing.assert_allclose(float(loss_c), float(loss_p), rtol=1e-3)
         assert all(np.isfinite(g).all() for g in _dense(text_c + image_c + text_p + image_p))
         # Half-precision towers on 4 rows vs 8: the same function, other rounding.
         scale = max(float(np.abs(g).max()) for g in _dense(text_p + image_p))
-        assert _max_diff(text_c + image_c, text_p + image_p) < 2e-2 * scale
+        assert _max_diff(text_c + image_c, text_p + image_p) < 5e-3 * scale
         logs = cached.fit(tf.data.Dataset.from_tensors(make_batch()), verbose=0).history
         assert np.isfinite(logs["loss"][0])
         assert (

@@ -67,7 +67,11 @@ def test_config_selected_tiled_step_equals_the_dense_step(vocab):
         np.testing.assert_allclose(float(loss), float(loss_d), rtol=1e-5, err_msg=name)
         assert float(recall) == float(recall_d) and bool(positive)
         for g, w in zip(text + image, text_d + image_d, strict=True):
-            np.testing.assert_allclose(dense_array(g), dense_array(w), rtol=2e-4, atol=1e-6, err_msg=name)
+            # float32 sums in another order: atol relative to the tensor's largest entry (an entry near zero of a
+            # tensor of scale 5 differed by 5.7e-6 on an Intel Xeon, rel. 4e-4, and not on an AMD EPYC)
+            w = dense_array(w)
+            atol = 2e-6 * max(1.0, float(np.abs(w).max()))
+            np.testing.assert_allclose(dense_array(g), w, rtol=2e-4, atol=atol, err_msg=name)
     assert abs(float(text_d[-1])) > 0  # the learned log λ has a gradient on every path
 
 
