@@ -94,3 +94,41 @@ def test_siglip_sweeps_its_initial_bias_and_learns_t_and_b_as_the_demo_does():
     demo = configs.load_experiment(resolve_config(demo_scale.CONFIG), [])
     swept = configs.load_experiment(resolve_config(demo_scale.CONFIG), [demo_scale.overrides("SigmoidLoss", -10, 0)])
     assert dataclasses.asdict(_baseline_model(demo.model, "SigmoidLoss")) == dataclasses.asdict(swept.model)
+
+
+def test_a_setting_reaches_every_run_and_the_record(tmp_path, monkeypatch):
+    """``--setting`` (a training setting under study) is added to every run's overrides, kept in the record, and a
+    model of the reuse directory trained without it is not reused."""
+    setting = "train.optimizer.image_learning_rate=0.1,train.epochs=7"
+    trains = []
+
+    def fake_run(cmd, **kw):
+        if "train" in cmd:
+            trains.append(cmd[-1])
+        if "evaluate" in cmd:
+            out = pathlib.Path(cmd[cmd.index("--output_dir") + 1])
+            out.mkdir(parents=True, exist_ok=True)
+            summary = {"pr_auc": 0.2, "t2i_r1": 0.3, "i2t_r1": 0.3}
+            (out / "eval_val.json").write_text(json.dumps({"summary": summary}))
+
+        class Done:
+            returncode = 0
+
+        return Done()
+
+    monkeypatch.setattr(demo_scale.subprocess, "run", fake_run)
+    out = tmp_path / "record"
+    argv = ["--losses", "SampledSoftmax", "SigmoidLoss", "--scales", "10", "--biases", "-5", "--seeds", "0"]
+    assert demo_scale.main([*argv, "--setting", setting, "--workdir", str(tmp_path / "w"), "--out", str(out)]) == 0
+    assert len(trains) == 2 and all(t.endswith("," + setting) for t in trains)
+    cfg = configs.load_experiment(resolve_config(demo_scale.CONFIG), [trains[0]])
+    assert cfg.train.optimizer.image_learning_rate == 0.1 and cfg.train.epochs == 7
+    assert json.loads(out.with_suffix(".json").read_text())["setting"] == setting
+    assert f"with `{setting}` added to every run" in out.with_suffix(".md").read_text()
+    plain = configs.load_experiment(resolve_config(demo_scale.CONFIG), [demo_scale.overrides("SampledSoftmax", 10, 0)])
+    model_dir = tmp_path / "reuse" / "seed0" / demo_scale.OBJECTIVES["SampledSoftmax"]
+    model_dir.mkdir(parents=True)
+    (model_dir / "train_summary.json").write_text("{}")
+    (model_dir / "config.yaml").write_text(yaml.safe_dump(configs.to_dict(plain)))
+    assert demo_scale.reusable("SampledSoftmax", 10.0, 0, tmp_path / "reuse") == model_dir
+    assert demo_scale.reusable("SampledSoftmax", 10.0, 0, tmp_path / "reuse", setting) is None
