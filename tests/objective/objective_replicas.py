@@ -8,9 +8,10 @@ sharded + tiled (T = 3, bidirectional and learned λ included), and for SigLIP t
 R = 2 checks every loss and path (``all``: any R does); R = 4 the subset ``AT_FOUR`` (a cross-example loss with
 mining, a pair loss, a proxy loss on the dense path; the sharded + tiled paths that combine the partition function,
 the mining histograms and SigLIP's b across replicas and tiles).
-The checks run eagerly (MirroredStrategy runs each replica in a thread; the same replica-context code and collectives
-as in a graph, without a trace per check, which made the harness 2.5x slower); ``GRAPH_TOO`` are also checked
-inside a ``tf.function``, as training runs them.
+The checks run eagerly (MirroredStrategy runs each replica in a thread; the same replica-context code as in a graph,
+without a trace per check, which made the harness 2.5x slower), gathering by concatenation on one device
+(``strategies_for``); ``GRAPH_TOO`` are also checked inside a ``tf.function`` with the default collective
+all-gathers, as training runs them.
 ``sharded``: the sharded softmax-family loss (``ce_retrieval.losses.kernels.sharded``) on 16 rows for the four losses,
 mining by fraction and by top_k, at every R: Σ shares = L and dL/dS (scores with many ties); for top_k mining (the
 objective's paths above mine by the default fraction) also dL/dX through all_gather and Σ_r dL/dW of shared weights.
@@ -103,13 +104,14 @@ def replicas(strategy, make, graph=False):
     return total, out
 
 
-def compare(strategy, make, key):
-    """{value, grads}: the replicas (eagerly) against one device; for ``GRAPH_TOO`` also {graph_value, graph_grads}."""
+def compare(strategies, make, key):
+    """{value, grads}: the replicas (eagerly) against one device; for ``GRAPH_TOO`` also {graph_value, graph_grads}.
+    ``strategies``: (eager, graph), see :func:`strategies_for`."""
     objective, scale = make()
     want, want_grads = one_device(objective, scale)
     out = {}
     for prefix, graph in (("", False), ("graph_", True)) if key in GRAPH_TOO else (("", False),):
-        got, got_grads = replicas(strategy, make, graph)
+        got, got_grads = replicas(strategies[graph], make, graph)
         out[f"{prefix}value"] = rel(got, want)
         out[f"{prefix}grads"] = max(rel(g, w) for g, w in zip(got_grads, want_grads, strict=True))
     return out
@@ -120,9 +122,9 @@ def here(key: str, replicas: int) -> bool:
     return EVERY_CHECK or replicas != 4 or key in AT_FOUR
 
 
-def check_objective(strategy):
+def check_objective(strategies):
     """The objective's paths (module docstring): {name/path: {value, grads[, graph_value, graph_grads]}}."""
-    results = {}
+    strategy, results = strategies[0], {}
     for name in losses.available():
         key = f"{name}/replicated"
         if not here(key, strategy.num_replicas_in_sync):
@@ -130,7 +132,7 @@ def check_objective(strategy):
         bias = -10.0 if losses.lookup(name).has_logit_bias else None  # SigLIP: b is the objective's, like λ
         loss = build_loss(LossConfig(name=name), ModelConfig(logit_bias=bias))
         results[key] = compare(
-            strategy, lambda loss=loss, bias=bias: (RetrievalObjective(loss, logit_bias=bias), LogitScale()), key
+            strategies, lambda loss=loss, bias=bias: (RetrievalObjective(loss, logit_bias=bias), LogitScale()), key
         )
     for name in family_with_every_path():  # MixedSoftmax is dense only, covered above
         for partition, tile, bidirectional, learn in FAMILY_PATHS:
@@ -144,7 +146,7 @@ def check_objective(strategy):
                 scale = LogitScale(20.0, learn=learn)
                 return RetrievalObjective(loss, scale, partition=partition, tile_size=tile), scale
 
-            results[key] = compare(strategy, make, key)
+            results[key] = compare(strategies, make, key)
     learned = ModelConfig(logit_scale=10.0, learn_logit_scale=True, logit_bias=-10.0, learn_logit_bias=True)
     siglip = build_loss(LossConfig(name="SigmoidLoss"), learned)
     for partition, tile in SIGLIP_PATHS:
@@ -157,7 +159,7 @@ def check_objective(strategy):
             objective = RetrievalObjective(siglip, scale, partition=partition, tile_size=tile, logit_bias=bias)
             return objective, objective  # its trainable_variables: t' and b
 
-        results[key] = compare(strategy, make, key)
+        results[key] = compare(strategies, make, key)
     return results
 
 
@@ -287,17 +289,31 @@ def check_sharded(strategy):
     return results
 
 
+def strategies_for(replicas: int):
+    """(eager, graph): two MirroredStrategy over the first ``replicas`` logical CPUs. The graph one is the default
+    (collective all-gathers, as training runs them, inside a ``tf.function``). The eager one gathers by concatenating
+    on one device (``ReductionToOneDevice``): eagerly, the collective implementation traces a new ``tf.function`` for
+    every all-gather (TensorFlow's ``CollectiveAllReduce._batch_all_gather``), about 0.2 s each, which was two thirds
+    of this harness (R = 2: 100 s against 26 s, the same checks and differences). The objective's gathers and their
+    gradients (``ReplicaContext.all_gather``) are the same code above either."""
+    devices = [f"/cpu:{i}" for i in range(replicas)]
+    # a strategy per R in one process: their collectives need distinct group keys (TensorFlow's own tests set
+    # this class attribute for the same reason; by default every MirroredStrategy starts at group key 1)
+    tf.distribute.MirroredStrategy._collective_key_base = 10_000 * replicas
+    graph = tf.distribute.MirroredStrategy(devices)
+    tf.distribute.MirroredStrategy._collective_key_base = 10_000 * replicas + 5_000
+    eager = tf.distribute.MirroredStrategy(devices, cross_device_ops=tf.distribute.ReductionToOneDevice())
+    assert graph.num_replicas_in_sync == eager.num_replicas_in_sync == replicas
+    return eager, graph
+
+
 def main():
     # GRAPH_TOO's graphs run once: Grappler's rewrites (value-preserving) cost more than they save
     tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
     for replicas in REPLICA_COUNTS:
         seed_everything(0, deterministic=False)  # the same initial weights at every R (after the logical devices)
-        # a strategy per R in one process: their collectives need distinct group keys (TensorFlow's own tests set
-        # this class attribute for the same reason; by default every MirroredStrategy starts at group key 1)
-        tf.distribute.MirroredStrategy._collective_key_base = 10_000 * replicas
-        strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(replicas)])
-        assert strategy.num_replicas_in_sync == replicas
-        result = {"replicas": replicas, "results": check_objective(strategy), "losses": check_sharded(strategy)}
+        strategies = strategies_for(replicas)
+        result = {"replicas": replicas, "results": check_objective(strategies), "losses": check_sharded(strategies[0])}
         print(json.dumps(result), flush=True)
 
 
