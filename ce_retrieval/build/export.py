@@ -123,6 +123,25 @@ def embed_with_keras(encoder, inputs) -> np.ndarray:
     return tf.math.l2_normalize(tf.cast(emb, tf.float32), axis=-1).numpy()
 
 
+def _saved_model_proto(saved_model_dir: str):
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    proto = saved_model_pb2.SavedModel()
+    with open(os.path.join(saved_model_dir, "saved_model.pb"), "rb") as f:
+        proto.ParseFromString(f.read())
+    return proto
+
+
+def graph_functions(saved_model_dir: str) -> list[str]:
+    """The names of the functions in a SavedModel's graph library (traced signatures and what they call; with
+    Keras's traces, also every layer's ``..._layer_call_...`` functions, which :func:`export_encoders` leaves out)."""
+    return _function_names(_saved_model_proto(saved_model_dir))
+
+
+def _function_names(proto) -> list[str]:
+    return [fn.signature.name for mg in proto.meta_graphs for fn in mg.graph_def.library.function]
+
+
 def custom_ops(saved_model_dir: str) -> list[str]:
     """Ops used by a SavedModel's graph that core TensorFlow does not register (e.g. TF-Text's tokenizers).
 
@@ -130,17 +149,14 @@ def custom_ops(saved_model_dir: str) -> list[str]:
     ``Op type not registered``.
     """
     import tensorflow as tf
-    from tensorflow.core.protobuf import saved_model_pb2
 
-    proto = saved_model_pb2.SavedModel()
-    with open(os.path.join(saved_model_dir, "saved_model.pb"), "rb") as f:
-        proto.ParseFromString(f.read())
+    proto = _saved_model_proto(saved_model_dir)
     used = set()
     for meta_graph in proto.meta_graphs:
         used.update(node.op for node in meta_graph.graph_def.node)
         for fn in meta_graph.graph_def.library.function:
             used.update(node.op for node in fn.node_def)
-    function_names = {fn.signature.name for mg in proto.meta_graphs for fn in mg.graph_def.library.function}
+    function_names = set(_function_names(proto))
     return sorted(op for op in used if op not in function_names and not hasattr(tf.raw_ops, op))
 
 
