@@ -19,8 +19,8 @@ def build_two_tower(
     ``text.kind='hub'`` it may be None when the SavedModel ships ``assets/vocab.txt``)."""
     if not isinstance(model_cfg, ModelConfig):
         raise TypeError(f"build_two_tower expects a ModelConfig, got {type(model_cfg).__name__}")
-    text_tower = build_text_tower(model_cfg.text, model_cfg.embedding_dim, vocab_path)
-    image_tower = build_image_tower(model_cfg.image, model_cfg.embedding_dim)
+    text_tower = build_text_tower(model_cfg.text, model_cfg.embedding_dim, vocab_path, model_cfg.projection_norm)
+    image_tower = build_image_tower(model_cfg.image, model_cfg.embedding_dim, model_cfg.projection_norm)
     augmentation = ImageAugmentation(
         model_cfg.image.augmentation, model_cfg.image.image_size, seed=augmentation_seed, name="image_augmentation"
     )

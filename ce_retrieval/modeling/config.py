@@ -30,6 +30,7 @@ TEXT_POOLINGS = ("cls", "pooled", "mean")
 BATCHNORM_MODES = ("train", "frozen", "sync")
 RESIZE_MODES = ("center_crop", "stretch")
 BLOCK_TYPES = ("block", "basic_block")
+PROJECTION_NORMS = ("none", "batchnorm")
 
 IMAGENET_MEAN = [0.485, 0.456, 0.406]
 IMAGENET_STD = [0.229, 0.224, 0.225]
@@ -180,6 +181,9 @@ class ModelConfig:
     ``learn_logit_bias=True`` the model learns b (initialised to ``logit_bias``), given to the loss at every
     call like λ. SigLIP's recipe (Zhai et al. 2023):
     ``logit_scale: 10, learn_logit_scale: true, logit_bias: -10, learn_logit_bias: true``.
+
+    ``projection_norm``: ``'none'`` (the paper's head) or ``'batchnorm'``, both towers' features standardised
+    with batch statistics before the projection (:meth:`Tower.assemble`).
     """
 
     text: TextTowerConfig = field(default_factory=TextTowerConfig)
@@ -190,6 +194,7 @@ class ModelConfig:
     max_logit_scale: float = DEFAULT_MAX_LOGIT_SCALE
     logit_bias: float | None = None
     learn_logit_bias: bool = False
+    projection_norm: str = "none"
 
     def __post_init__(self):
         if isinstance(self.text, dict):  # nested mappings: the one config-from-dict, strictly
@@ -206,6 +211,7 @@ class ModelConfig:
             raise ValueError("model.learn_logit_bias needs model.logit_bias, its initial value (SigLIP: -10)")
         if self.logit_bias is not None and not math.isfinite(self.logit_bias):
             raise ValueError(f"model.logit_bias must be a finite number or null, got {self.logit_bias}")
+        _check_choice("model.projection_norm", self.projection_norm, PROJECTION_NORMS)
 
     @classmethod
     def tiny(cls, **overrides) -> ModelConfig:

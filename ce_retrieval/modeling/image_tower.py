@@ -173,8 +173,9 @@ def _all_layers(model):
             yield from _all_layers(layer)
 
 
-def build_image_tower(cfg: ImageTowerConfig, embedding_dim: int) -> Tower:
-    """Builds the image :class:`Tower` (preprocessor, core, encoder) for ``cfg``."""
+def build_image_tower(cfg: ImageTowerConfig, embedding_dim: int, projection_norm: str = "none") -> Tower:
+    """Builds the image :class:`Tower` (preprocessor, core, encoder) for ``cfg``; ``projection_norm``: see
+    :meth:`Tower.assemble`."""
     leave_graph_ready_libraries_unconverted()
     preprocessor = ImageDecoder(cfg.image_size, cfg.resize, name="image_decoder")
     backbone = build_backbone(cfg)
@@ -186,7 +187,9 @@ def build_image_tower(cfg: ImageTowerConfig, embedding_dim: int) -> Tower:
     x = PixelNormalization(cfg.pixel_mean, cfg.pixel_std, name="pixel_normalization")(pixels)
     x = backbone(x)
     x = tf_keras.layers.GlobalAveragePooling2D(name="image_pool")(x)
-    return Tower.assemble(preprocessor, pixels, x, embedding_dim, prefix="image", raw_input="image")
+    return Tower.assemble(
+        preprocessor, pixels, x, embedding_dim, prefix="image", raw_input="image", projection_norm=projection_norm
+    )
 
 
 __all__ = [

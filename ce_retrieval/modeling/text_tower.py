@@ -23,7 +23,7 @@ from official.nlp.modeling import layers as nlp_layers
 from official.nlp.modeling import networks
 
 from ce_retrieval.data.vocab import read_vocab
-from ce_retrieval.modeling.config import TextTowerConfig
+from ce_retrieval.modeling.config import PROJECTION_NORMS, TextTowerConfig
 from ce_retrieval.modeling.layers import L2Normalize, as_string_batch
 from ce_retrieval.utils.autograph_rules import leave_graph_ready_libraries_unconverted
 
@@ -39,11 +39,32 @@ class Tower(typing.NamedTuple):
     encoder: tf_keras.Model
 
     @classmethod
-    def assemble(cls, preprocessor, inputs, features, embedding_dim: int, prefix: str, raw_input: str) -> Tower:
+    def assemble(
+        cls,
+        preprocessor,
+        inputs,
+        features,
+        embedding_dim: int,
+        prefix: str,
+        raw_input: str,
+        projection_norm: str = "none",
+    ) -> Tower:
         """The head both towers share (§4.1): ``features`` projected to ``embedding_dim`` without bias or
         activation, then L2-normalised (layers ``{prefix}_projection``, ``{prefix}_embedding``); ``core``
         (``{prefix}_core``) maps ``inputs`` to the embedding, ``encoder`` (``{prefix}_encoder``) a raw tf.string
-        batch (input ``raw_input``) through ``preprocessor`` and ``core``."""
+        batch (input ``raw_input``) through ``preprocessor`` and ``core``.
+
+        ``projection_norm='batchnorm'`` standardises the features before the projection (layer
+        ``{prefix}_projection_norm``: ``(h - mean_B h) / sqrt(var_B h + eps)`` per feature, batch statistics in
+        training, moving ones when served; no learned offset or gain, which the projection would absorb).
+        ReLU-pooled image features and mean-pooled BERT states share a large common component, so from
+        random initialisation every embedding of a tower points nearly the same way; centring removes it."""
+        if projection_norm == "batchnorm":
+            features = tf_keras.layers.BatchNormalization(center=False, scale=False, name=f"{prefix}_projection_norm")(
+                features
+            )
+        elif projection_norm not in PROJECTION_NORMS:
+            raise ValueError(f"projection_norm must be one of {list(PROJECTION_NORMS)}, got {projection_norm!r}")
         projected = tf_keras.layers.Dense(embedding_dim, use_bias=False, name=f"{prefix}_projection")(features)
         embedding = L2Normalize(name=f"{prefix}_embedding")(projected)
         core = tf_keras.Model(inputs, embedding, name=f"{prefix}_core")
@@ -191,7 +212,9 @@ def default_hub_vocab(handle: str) -> str | None:
     return path if tf.io.gfile.exists(path) else None
 
 
-def build_text_tower(cfg: TextTowerConfig, embedding_dim: int, vocab_path: str | None) -> Tower:
+def build_text_tower(
+    cfg: TextTowerConfig, embedding_dim: int, vocab_path: str | None, projection_norm: str = "none"
+) -> Tower:
     """Builds the text :class:`Tower` (preprocessor, core, encoder) for ``cfg``."""
     leave_graph_ready_libraries_unconverted()
     if vocab_path is None and cfg.kind == "hub":
@@ -206,7 +229,9 @@ def build_text_tower(cfg: TextTowerConfig, embedding_dim: int, vocab_path: str |
         encoder_layer.pooler_layer.trainable = False  # the tanh pooler is unused: no gradient reaches it
     inputs = {key: tf_keras.Input(shape=(cfg.max_seq_length,), dtype=tf.int32, name=key) for key in BERT_INPUT_KEYS}
     pooled = _pool(encoder_layer(inputs), inputs["input_mask"], cfg.pooling, "text tower")
-    return Tower.assemble(preprocessor, inputs, pooled, embedding_dim, prefix="text", raw_input="caption")
+    return Tower.assemble(
+        preprocessor, inputs, pooled, embedding_dim, prefix="text", raw_input="caption", projection_norm=projection_norm
+    )
 
 
 __all__ = ["TextPreprocessor", "Tower", "build_text_tower"]
