@@ -15,6 +15,9 @@ augmentation acts on the decoded pixels between the two and is not part of the e
 
 from __future__ import annotations
 
+import contextlib
+import importlib.abc
+import sys
 import types
 
 import tensorflow as tf
@@ -116,10 +119,41 @@ KERAS_CV_NEEDS_LEGACY_KERAS = (
 )
 
 
+class _RefuseTorch(importlib.abc.MetaPathFinder):
+    """A finder that makes ``import torch`` raise ``ImportError`` (and finds nothing else)."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname == "torch":
+            raise ImportError("torch is not imported while keras-cv is (ce_retrieval.modeling.image_tower)")
+        return None
+
+
+@contextlib.contextmanager
+def _torch_import_refused():
+    """Within the block, ``import torch`` raises ``ImportError`` unless torch is already imported.
+
+    keras-cv's package ``__init__`` imports torch when it is installed, only so that torch is imported before
+    TensorFlow (its comment: the other order can crash). Here TensorFlow is always imported first, so that
+    import cannot give the order it is for; it only costs its start-up (2.7 s per process on a 2-core Xeon).
+    keras-cv catches the ``ImportError``; nothing of keras-cv that the towers use needs torch. A finder, not a
+    ``sys.modules['torch'] = None`` marker, because other libraries read ``sys.modules['torch']`` as a module."""
+    if "torch" in sys.modules:
+        yield
+        return
+    finder = _RefuseTorch()
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
+
+
 def import_keras_cv() -> types.ModuleType:
     """keras-cv, checked to be on Keras 2: it follows the process's ``tf.keras`` (the one dependency of the
-    package that does), so under Keras 3 this raises an ``ImportError`` that says what to set."""
-    import keras_cv
+    package that does), so under Keras 3 this raises an ``ImportError`` that says what to set. A first import
+    does not import torch (:func:`_torch_import_refused`)."""
+    with _torch_import_refused():
+        import keras_cv
     from keras_cv.src.backend import config as keras_cv_config
 
     if keras_cv_config.keras_3():

@@ -16,11 +16,12 @@ def _runs(hashes=("abc", "abc", "abc", "abc")):
 
 
 def test_summary_and_record_text():
-    summary = bench.summarise(_runs())
+    kinds = bench.CHANGES["autograph"][0]
+    summary = bench.summarise(_runs(), kinds)
     assert summary["median_cpu_s"] == {"unconverted": 11.0, "converted": 15.5}
     assert summary["saved_cpu_s"] == 4.5 and summary["ratio_converted_over_unconverted"] == round(15.5 / 11, 3)
     assert summary["same_weights"]
-    assert not bench.summarise(_runs(("abc", "abc", "abc", "abd")))["same_weights"]
+    assert not bench.summarise(_runs(("abc", "abc", "abc", "abd")), kinds)["same_weights"]
     record = {
         "command": "python -m benchmarks.scale.autograph_startup",
         "date": "2026-11-27T00:00:00+00:00",
@@ -35,3 +36,27 @@ def test_summary_and_record_text():
     assert "`python -m benchmarks.scale.autograph_startup`" in text and "CPU X, 2 cores" in text
     assert "| unconverted | 11.00 | 10.00, 12.00 |" in text and "| converted | 15.50 | 16.00, 15.00 |" in text
     assert "Saved per process: 4.50 CPU s" in text and "Same trained weights in every run: True." in text
+
+
+def test_the_torch_change_names_its_own_kinds_and_record():
+    kinds, name, title = bench.CHANGES["torch"]
+    runs = [
+        {"kind": k, "cpu_s": c, "weights_sha256": "abc"} for k, c in zip(kinds * 2, (8.0, 11.0, 9.0, 12.0), strict=True)
+    ]
+    summary = bench.summarise(runs, kinds)
+    assert name == "torch_startup" and summary["median_cpu_s"] == {"torch_refused": 8.5, "torch_imported": 11.5}
+    assert summary["saved_cpu_s"] == 3.0 and summary["ratio_torch_imported_over_torch_refused"] == round(11.5 / 8.5, 3)
+    record = {
+        "command": "python -m benchmarks.scale.autograph_startup --change torch",
+        "change": "torch",
+        "date": "2026-11-30T00:00:00+00:00",
+        "machine": {"cpu": "CPU X", "cores": 2},
+        "load_before": [0.1, 0.2, 0.3],
+        "load_after": [0.4, 0.5, 0.6],
+        "repeats": 2,
+        "runs": runs,
+        "summary": summary,
+    }
+    text = bench.markdown(record)
+    assert text.startswith(f"# {title}:") and "| torch_imported | 11.50 | 11.00, 12.00 |" in text
+    assert "(torch_imported / torch_refused = 1.353)" in text
