@@ -52,18 +52,26 @@ CONFIG = "synthetic_demo"
 SPLIT = "val"
 
 
-def overrides(loss: str, scale: float, seed: int, setting: str = "") -> str:
+# --vary: the config key each run's seed S sets. "seed": train.seed (initial weights, augmentation and, unless
+# train.shuffle_seed is set, the batch order); "order": train.shuffle_seed, the batch order alone (train.seed stays
+# the config's 0, or what --setting gives)
+VARY = {"seed": "train.seed", "order": "train.shuffle_seed"}
+
+
+def overrides(loss: str, scale: float, seed: int, setting: str = "", vary: str = "seed") -> str:
     """The demo config's overrides for one run; ``scale`` is λ, or b's initial value for a learned-bias objective;
-    ``setting`` (``--setting``) is appended to every run's, e.g. a training budget or learning rate under study."""
+    ``setting`` (``--setting``) is appended to every run's, e.g. a training budget or learning rate under study;
+    ``vary`` names the key the seed sets (:data:`VARY`)."""
+    key = VARY[vary]
     if loss in LEARNED:
         from ce_retrieval.losses.sigmoid import SIGLIP_SCALE
 
         own = (
-            f"train.seed={seed},loss.name={loss},model.logit_scale={float(SIGLIP_SCALE)},model.learn_logit_scale=true,"
+            f"{key}={seed},loss.name={loss},model.logit_scale={float(SIGLIP_SCALE)},model.learn_logit_scale=true,"
             f"model.logit_bias={float(scale)},model.learn_logit_bias=true"
         )
     else:
-        own = f"train.seed={seed},loss.name={loss},model.logit_scale={float(scale)}"
+        own = f"{key}={seed},loss.name={loss},model.logit_scale={float(scale)}"
     return f"{own},{setting}" if setting else own
 
 
@@ -72,7 +80,7 @@ def candidates(loss: str, scales: list[float], biases: list[float]) -> list[floa
 
 
 def reusable(
-    loss: str, scale: float, seed: int, reuse_dir: pathlib.Path | None, setting: str = ""
+    loss: str, scale: float, seed: int, reuse_dir: pathlib.Path | None, setting: str = "", vary: str = "seed"
 ) -> pathlib.Path | None:
     """The model dir of ``reuse_dir`` trained with exactly the config this run would train, or None."""
     if reuse_dir is None:
@@ -84,25 +92,31 @@ def reusable(
     model_dir = reuse_dir / f"seed{seed}" / OBJECTIVES[loss]
     if not (model_dir / "train_summary.json").exists():
         return None
-    cfg = configs.load_experiment(resolve_config(CONFIG), [overrides(loss, scale, seed, setting)])
+    cfg = configs.load_experiment(resolve_config(CONFIG), [overrides(loss, scale, seed, setting, vary)])
     return model_dir if not config_changes(cfg, str(model_dir / "config.yaml")) else None
 
 
 def run_one(
-    loss: str, scale: float, seed: int, workdir: pathlib.Path, reuse_dir: pathlib.Path | None, setting: str = ""
+    loss: str,
+    scale: float,
+    seed: int,
+    workdir: pathlib.Path,
+    reuse_dir: pathlib.Path | None,
+    setting: str = "",
+    vary: str = "seed",
 ) -> dict:
     """Train (or reuse) one (objective, λ, seed) and evaluate it on the validation split; its summary."""
     out = workdir / loss / f"scale{scale:g}" / f"seed{seed}"
     eval_dir = out / "eval"
     eval_json = eval_dir / f"eval_{SPLIT}.json"
-    reused = reusable(loss, scale, seed, reuse_dir, setting)
+    reused = reusable(loss, scale, seed, reuse_dir, setting, vary)
     model_dir = reused or out / "model"
     start = time.perf_counter()
     if not eval_json.exists():
         out.mkdir(parents=True, exist_ok=True)
         py = [sys.executable, "-m", "ce_retrieval.cli"]
         train = ["train", "--config", CONFIG, "--model_dir", str(model_dir)]
-        train += ["--params_override", overrides(loss, scale, seed, setting)]
+        train += ["--params_override", overrides(loss, scale, seed, setting, vary)]
         evaluate = ["evaluate", "--model_dir", str(model_dir), "--split", SPLIT, "--no_plots"]
         cmds = ([] if reused else [train]) + [[*evaluate, "--output_dir", str(eval_dir)]]
         with open(out / "run.log", "w") as log:
@@ -148,6 +162,7 @@ def main(argv=None) -> int:
     p.add_argument("--reuse_dir", default=None, help="a demo_seeds.py workdir whose models may be reused")
     p.add_argument("--out", default="benchmarks/results/demo_scale")
     p.add_argument("--setting", default="", help="overrides added to every run (e.g. train.epochs=7) under study")
+    p.add_argument("--vary", choices=sorted(VARY), default="seed", help="what each seed sets (see VARY)")
     args = p.parse_args(argv)
     workdir, reuse = pathlib.Path(args.workdir), pathlib.Path(args.reuse_dir) if args.reuse_dir else None
     load = {"start": load_average()}
@@ -157,7 +172,7 @@ def main(argv=None) -> int:
         for loss in args.losses:
             for scale in candidates(loss, args.scales, args.biases):
                 runs.setdefault(loss, {}).setdefault(f"{scale:g}", {})[str(seed)] = run_one(
-                    loss, scale, seed, workdir, reuse, args.setting
+                    loss, scale, seed, workdir, reuse, args.setting, args.vary
                 )
     load["end"] = load_average()
     record = {
@@ -168,6 +183,7 @@ def main(argv=None) -> int:
         "seconds": round(time.perf_counter() - start, 1),
         "split": SPLIT,
         "setting": args.setting,
+        "vary": VARY[args.vary],
         "seeds": args.seeds,
         "runs": runs,
         "choice": choose(runs),
@@ -186,6 +202,7 @@ def markdown(record: dict) -> str:
         f"Date {record['date']}; {record['machine']}; load average (1, 5, 15 min) {record['load_average_1_5_15']}; "
         f"{record['seconds'] / 60:.1f} min. Demo config (500 steps at batch 64 from scratch)"
         + (f" with `{record['setting']}` added to every run" if record.get("setting") else "")
+        + (f"; each seed S sets `{record['vary']}=S`" if record.get("vary", "train.seed") != "train.seed" else "")
         + "; every figure on the "
         "validation split (2,500 captions × 500 images, no distractors); the test split is not read. Score = "
         "PR-AUC + text→image R@1 (mean over seeds).",

@@ -68,6 +68,9 @@ class TrainConfig:
     # B > 8192; dense for a loss without a tiled path); composes with loss_partition and embedding_chunk
     loss_tile_size: int | str = 0
     seed: int = 0
+    # The training pipeline's shuffle order: null = seed. Set apart from seed (initial weights, augmentation),
+    # it varies the batch order alone, or the weights alone with the order fixed
+    shuffle_seed: int | None = None
     deterministic: bool = True  # tf.config.experimental.enable_op_determinism(): same seed, same model (slower on GPU)
     backup_every_steps: int = 50  # BackupAndRestore frequency (resume after a kill loses at most this many steps)
     keep_checkpoints: int = 3

@@ -53,11 +53,13 @@ class RetrievalTask:
         return n // cfg.train.batch_size
 
     def build_dataset(self) -> tf.data.Dataset:
-        """The training pipeline at the global batch size, sharded by data under a multi-worker strategy."""
+        """The training pipeline at the global batch size, shuffled with ``train.shuffle_seed`` (null: ``train.seed``),
+        sharded by data under a multi-worker strategy."""
         from ce_retrieval import data
 
         cfg = self.config
-        dataset = data.train_pipeline(cfg.data, "train", cfg.train.batch_size, seed=cfg.train.seed)
+        order = cfg.train.seed if cfg.train.shuffle_seed is None else cfg.train.shuffle_seed
+        dataset = data.train_pipeline(cfg.data, "train", cfg.train.batch_size, seed=order)
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
         return dataset.with_options(options)

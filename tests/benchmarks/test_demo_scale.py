@@ -132,3 +132,17 @@ def test_a_setting_reaches_every_run_and_the_record(tmp_path, monkeypatch):
     (model_dir / "config.yaml").write_text(yaml.safe_dump(configs.to_dict(plain)))
     assert demo_scale.reusable("SampledSoftmax", 10.0, 0, tmp_path / "reuse") == model_dir
     assert demo_scale.reusable("SampledSoftmax", 10.0, 0, tmp_path / "reuse", setting) is None
+
+
+def test_vary_order_sets_the_shuffle_seed_and_keeps_the_weights_seed():
+    """``--vary order``: seed S sets ``train.shuffle_seed`` (the batch order alone), train.seed stays the config's;
+    the default sets ``train.seed`` and leaves the order to it."""
+    order = configs.load_experiment(
+        resolve_config(demo_scale.CONFIG), [demo_scale.overrides("SampledSoftmax", 10, 3, vary="order")]
+    )
+    assert (order.train.seed, order.train.shuffle_seed) == (0, 3)
+    fixed = demo_scale.overrides("CrossExampleSoftmax", 10, 2, setting="train.shuffle_seed=0")
+    weights = configs.load_experiment(resolve_config(demo_scale.CONFIG), [fixed])
+    assert (weights.train.seed, weights.train.shuffle_seed) == (2, 0)
+    plain = configs.load_experiment(resolve_config(demo_scale.CONFIG), [demo_scale.overrides("SampledSoftmax", 10, 3)])
+    assert (plain.train.seed, plain.train.shuffle_seed) == (3, None)
