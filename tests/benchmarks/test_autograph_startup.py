@@ -15,6 +15,20 @@ def _runs(hashes=("abc", "abc", "abc", "abc")):
     return runs
 
 
+def _record(command, runs, summary, **extra):
+    return {
+        "command": command,
+        "date": "2026-11-27T00:00:00+00:00",
+        "machine": {"cpu": "CPU X", "cores": 2},
+        "load_before": [0.1, 0.2, 0.3],
+        "load_after": [0.4, 0.5, 0.6],
+        "repeats": 2,
+        "runs": runs,
+        "summary": summary,
+        **extra,
+    }
+
+
 def test_summary_and_record_text():
     kinds = bench.CHANGES["autograph"][0]
     summary = bench.summarise(_runs(), kinds)
@@ -22,17 +36,7 @@ def test_summary_and_record_text():
     assert summary["saved_cpu_s"] == 4.5 and summary["ratio_converted_over_unconverted"] == round(15.5 / 11, 3)
     assert summary["same_weights"]
     assert not bench.summarise(_runs(("abc", "abc", "abc", "abd")), kinds)["same_weights"]
-    record = {
-        "command": "python -m benchmarks.scale.autograph_startup",
-        "date": "2026-11-27T00:00:00+00:00",
-        "machine": {"cpu": "CPU X", "cores": 2},
-        "load_before": [0.1, 0.2, 0.3],
-        "load_after": [0.4, 0.5, 0.6],
-        "repeats": 2,
-        "runs": _runs(),
-        "summary": summary,
-    }
-    text = bench.markdown(record)
+    text = bench.markdown(_record("python -m benchmarks.scale.autograph_startup", _runs(), summary))
     assert "`python -m benchmarks.scale.autograph_startup`" in text and "CPU X, 2 cores" in text
     assert "| unconverted | 11.00 | 10.00, 12.00 |" in text and "| converted | 15.50 | 16.00, 15.00 |" in text
     assert "Saved per process: 4.50 CPU s" in text and "Same trained weights in every run: True." in text
@@ -46,17 +50,8 @@ def test_the_torch_change_names_its_own_kinds_and_record():
     summary = bench.summarise(runs, kinds)
     assert name == "torch_startup" and summary["median_cpu_s"] == {"torch_refused": 8.5, "torch_imported": 11.5}
     assert summary["saved_cpu_s"] == 3.0 and summary["ratio_torch_imported_over_torch_refused"] == round(11.5 / 8.5, 3)
-    record = {
-        "command": "python -m benchmarks.scale.autograph_startup --change torch",
-        "change": "torch",
-        "date": "2026-11-30T00:00:00+00:00",
-        "machine": {"cpu": "CPU X", "cores": 2},
-        "load_before": [0.1, 0.2, 0.3],
-        "load_after": [0.4, 0.5, 0.6],
-        "repeats": 2,
-        "runs": runs,
-        "summary": summary,
-    }
-    text = bench.markdown(record)
+    text = bench.markdown(
+        _record("python -m benchmarks.scale.autograph_startup --change torch", runs, summary, change="torch")
+    )
     assert text.startswith(f"# {title}:") and "| torch_imported | 11.50 | 11.00, 12.00 |" in text
     assert "(torch_imported / torch_refused = 1.353)" in text
