@@ -134,7 +134,8 @@ def _torch_import_refused():
 
     keras-cv's package ``__init__`` imports torch when it is installed, only so that torch is imported before
     TensorFlow (its comment: the other order can crash). Here TensorFlow is always imported first, so that
-    import cannot give the order it is for; it only costs its start-up (2.7 s per process on a 2-core Xeon).
+    import cannot give the order it is for; it only costs its start-up (4.2 CPU s per training process on a
+    2-core Xeon: ``benchmarks/scale/autograph_startup.py --change torch``).
     keras-cv catches the ``ImportError``; nothing of keras-cv that the towers use needs torch. A finder, not a
     ``sys.modules['torch'] = None`` marker, because other libraries read ``sys.modules['torch']`` as a module."""
     if "torch" in sys.modules:
