@@ -12,7 +12,7 @@ from ce_retrieval.data.pipeline import (
 )
 from ce_retrieval.data.pk_sampler import pk_sample, pk_sampler
 from ce_retrieval.data.report import DataError, LoadReport
-from ce_retrieval.data.schema import CAPTION, IMAGE, IMAGE_ID, RetrievalSplit
+from ce_retrieval.data.schema import CAPTION, IMAGE, IMAGE_ID, PIXELS, RetrievalSplit
 from ce_retrieval.data.synthetic import distractor_images
 from ce_retrieval.data.tfrecords import FEATURE_SPEC, read_tfrecords, write_tfrecords
 from ce_retrieval.data.vocab import build_vocab, read_vocab, write_vocab
@@ -22,6 +22,7 @@ __all__ = [
     "FEATURE_SPEC",
     "IMAGE",
     "IMAGE_ID",
+    "PIXELS",
     "DataConfig",
     "DataError",
     "LoadReport",

@@ -15,6 +15,7 @@ the examples never depended on it.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import numpy as np
 import tensorflow as tf
@@ -22,7 +23,7 @@ import tensorflow as tf
 from ce_retrieval.data import synthetic
 from ce_retrieval.data.config import SPLITS, DataConfig
 from ce_retrieval.data.report import LoadReport
-from ce_retrieval.data.schema import CAPTION, IMAGE, IMAGE_ID, RetrievalSplit
+from ce_retrieval.data.schema import CAPTION, IMAGE, IMAGE_ID, PIXELS, RetrievalSplit
 from ce_retrieval.utils.atomic import atomic_path
 
 
@@ -31,22 +32,35 @@ def _check_split(split: str) -> None:
         raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
 
 
-def _indexed_dataset(captions, caption_image_index, images, image_ids) -> tf.data.Dataset:
-    """Captions with the index of their image; image bytes are gathered from one table (stored once)."""
-    image_table = tf.constant(images, tf.string)
+def _indexed_dataset(captions, caption_image_index, images, image_ids, decode=None) -> tf.data.Dataset:
+    """Captions with the index of their image; image bytes are gathered from one table (stored once). With
+    ``decode``, the table is decoded once, in parallel, and examples gather ``"pixels"`` instead of bytes."""
     id_table = tf.constant(np.asarray(image_ids, np.int64), tf.int64)
     base = tf.data.Dataset.from_tensor_slices(
         (tf.constant(captions, tf.string), tf.constant(np.asarray(caption_image_index, np.int64), tf.int64))
     )
+    if decode is None:
+        key, table = IMAGE, tf.constant(images, tf.string)
+    else:
+        key, table = PIXELS, _decode_table(images, decode)
     return base.map(
         lambda caption, index: {
             CAPTION: caption,
-            IMAGE: tf.gather(image_table, index),
+            key: tf.gather(table, index),
             IMAGE_ID: tf.gather(id_table, index),
         },
         num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=True,
     )
+
+
+def _decode_table(images, decode) -> tf.Tensor:
+    """``decode`` over every encoded image, in parallel tf.data threads: one tensor [N, ...] in the images' order."""
+    if not len(images):
+        raise ValueError("no images to decode")
+    decoded = tf.data.Dataset.from_tensor_slices(tf.constant(images, tf.string))
+    decoded = decoded.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return decoded.batch(len(images)).get_single_element()
 
 
 def _synthetic_split(cfg: DataConfig, split: str):
@@ -57,25 +71,43 @@ def _synthetic_split(cfg: DataConfig, split: str):
     return synthetic.split_from_config(cfg, split)
 
 
-def load_examples(cfg: DataConfig, split: str) -> tf.data.Dataset:
-    """Unbatched ``{"caption": string, "image": string (PNG/JPEG bytes), "image_id": int64}``, one per caption."""
+def load_examples(
+    cfg: DataConfig, split: str, decode: Callable[[tf.Tensor], tf.Tensor] | None = None
+) -> tf.data.Dataset:
+    """Unbatched ``{"caption": string, "image": string (PNG/JPEG bytes), "image_id": int64}``, one per caption.
+
+    ``decode``: where a source holds its images in memory (the synthetic set), they are decoded once up front and
+    the examples carry ``"pixels"`` instead of bytes; streamed sources ignore it (``train_pipeline`` decodes them
+    per example)."""
     _check_split(split)
     if cfg.name == "synthetic":
         data = _synthetic_split(cfg, split)
         captions, _, index = data.flat_captions()
-        return _indexed_dataset(captions, index, data.images, data.image_ids)
+        return _indexed_dataset(captions, index, data.images, data.image_ids, decode=decode)
     from ce_retrieval.data import sources
 
     return sources.load_examples(cfg, split)
 
 
 def train_pipeline(
-    cfg: DataConfig, split: str, batch_size: int, seed: int, shuffle: bool = True, repeat: bool = True
+    cfg: DataConfig,
+    split: str,
+    batch_size: int,
+    seed: int,
+    shuffle: bool = True,
+    repeat: bool = True,
+    decode: Callable[[tf.Tensor], tf.Tensor] | None = None,
 ) -> tf.data.Dataset:
-    """Batches of ``batch_size`` examples (``drop_remainder=True``), shuffled with ``seed``, repeated, prefetched."""
+    """Batches of ``batch_size`` examples (``drop_remainder=True``), shuffled with ``seed``, repeated, prefetched.
+
+    ``decode`` (the image tower's decoder, e.g. ``functools.partial(modeling.decode_image, image_size=S)``) turns
+    each example's ``"image"`` bytes into ``"pixels"`` in parallel tf.data threads (an in-memory source's images
+    once, up front; a streamed source's per example, after the shuffle), so that the train step gets decoded batches
+    instead of decoding them one by one in a loop of its own graph.
+    """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    dataset = load_examples(cfg, split)
+    dataset = load_examples(cfg, split, decode=decode)
     cardinality = int(dataset.cardinality())
     if cardinality >= 0 and cardinality < batch_size and not repeat:
         raise ValueError(f"split {split!r} has {cardinality} examples, fewer than one batch of {batch_size}")
@@ -84,6 +116,12 @@ def train_pipeline(
         dataset = dataset.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
     if repeat:
         dataset = dataset.repeat()
+    if decode is not None and PIXELS not in dataset.element_spec:  # after the shuffle: it buffers bytes, not pixels
+        dataset = dataset.map(
+            lambda ex: {**{k: v for k, v in ex.items() if k != IMAGE}, PIXELS: decode(ex[IMAGE])},
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=True,
+        )
     options = tf.data.Options()
     options.autotune.enabled = False  # no optimisation thread whose timed wait can hold up teardown (module doc)
     return dataset.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE).with_options(options)

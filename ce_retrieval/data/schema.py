@@ -6,6 +6,9 @@ Training examples (``tf.data`` elements) are dicts of scalars, batched by the in
      "image":   tf.string,      # encoded JPEG/PNG bytes (decoded and resized inside the image tower's graph)
      "image_id": tf.int64}      # id of the image; all captions of one image share it
 
+A training pipeline given the image tower's decoder (``train_pipeline(decode=...)``) replaces ``"image"`` by
+``"pixels"`` (float32 [S, S, 3] in [0, 1], what the tower's decoder makes of the bytes); the model takes either.
+
 Evaluation works on a whole split at once, with unique images and all their captions (:class:`RetrievalSplit`).
 """
 
@@ -16,6 +19,7 @@ import dataclasses
 import numpy as np
 
 CAPTION, IMAGE, IMAGE_ID = "caption", "image", "image_id"
+PIXELS = "pixels"  # decoded images, when the training pipeline decodes them
 
 
 @dataclasses.dataclass

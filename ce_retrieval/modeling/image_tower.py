@@ -38,6 +38,39 @@ _MAGIC_PREFIXES = {
 }
 
 
+def decode_image(data: tf.Tensor, image_size: int, resize: str = "center_crop") -> tf.Tensor:
+    """One encoded image (a scalar string) -> float32 RGB pixels in [0, 1], [S, S, 3], as :class:`ImageDecoder`.
+
+    Also what the training pipeline maps over its examples (``data.train_pipeline(decode=...)``), so that a batch
+    reaches the train step decoded: the same ops give the same pixels, in tf.data's threads instead of a loop in
+    the step.
+    """
+    head = tf.strings.substr(data, 0, 4)
+    known = tf.reduce_any(
+        [tf.equal(tf.strings.substr(data, 0, len(prefix)), prefix) for prefix in _MAGIC_PREFIXES.values()]
+    )
+    check = tf.debugging.Assert(
+        known,
+        [
+            "image tower: input is not an encoded JPEG/PNG/GIF/BMP/WebP image (empty or corrupt bytes); leading bytes:",
+            head,
+        ],
+    )
+    with tf.control_dependencies([check]):
+        image = tf.io.decode_image(data, channels=3, expand_animations=False)
+    image = tf.image.convert_image_dtype(image, tf.float32)  # uint8 -> [0, 1]
+    size = int(image_size)
+    if resize == "center_crop":
+        shape = tf.cast(tf.shape(image)[:2], tf.float32)
+        scale = float(size) / tf.reduce_min(shape)
+        new_hw = tf.maximum(tf.cast(tf.math.ceil(shape * scale), tf.int32), size)
+        image = tf.image.resize(image, new_hw, antialias=True)
+        image = tf.image.resize_with_crop_or_pad(image, size, size)
+    else:
+        image = tf.image.resize(image, [size, size], antialias=True)
+    return tf.clip_by_value(tf.ensure_shape(image, [size, size, 3]), 0.0, 1.0)
+
+
 @tf_keras.utils.register_keras_serializable(package="ce_retrieval")
 class ImageDecoder(tf_keras.layers.Layer):
     """Encoded image bytes [B] -> float32 RGB pixels in [0, 1], [B, S, S, 3].
@@ -57,31 +90,7 @@ class ImageDecoder(tf_keras.layers.Layer):
         self.resize = resize
 
     def _decode_one(self, data):
-        head = tf.strings.substr(data, 0, 4)
-        known = tf.reduce_any(
-            [tf.equal(tf.strings.substr(data, 0, len(prefix)), prefix) for prefix in _MAGIC_PREFIXES.values()]
-        )
-        check = tf.debugging.Assert(
-            known,
-            [
-                "image tower: input is not an encoded JPEG/PNG/GIF/BMP/WebP image (empty or corrupt bytes); "
-                "leading bytes:",
-                head,
-            ],
-        )
-        with tf.control_dependencies([check]):
-            image = tf.io.decode_image(data, channels=3, expand_animations=False)
-        image = tf.image.convert_image_dtype(image, tf.float32)  # uint8 -> [0, 1]
-        size = self.image_size
-        if self.resize == "center_crop":
-            shape = tf.cast(tf.shape(image)[:2], tf.float32)
-            scale = float(size) / tf.reduce_min(shape)
-            new_hw = tf.maximum(tf.cast(tf.math.ceil(shape * scale), tf.int32), size)
-            image = tf.image.resize(image, new_hw, antialias=True)
-            image = tf.image.resize_with_crop_or_pad(image, size, size)
-        else:
-            image = tf.image.resize(image, [size, size], antialias=True)
-        return tf.clip_by_value(tf.ensure_shape(image, [size, size, 3]), 0.0, 1.0)
+        return decode_image(data, self.image_size, self.resize)
 
     def call(self, inputs) -> tf.Tensor:
         data = as_string_batch(inputs, "ImageDecoder", "encoded images")
@@ -233,6 +242,7 @@ __all__ = [
     "PixelNormalization",
     "build_backbone",
     "build_image_tower",
+    "decode_image",
     "import_keras_cv",
     "set_batchnorm_mode",
 ]

@@ -52,7 +52,7 @@ import math
 import tensorflow as tf
 import tf_keras
 
-from ce_retrieval.data.schema import CAPTION, IMAGE, IMAGE_ID
+from ce_retrieval.data.schema import CAPTION, IMAGE, IMAGE_ID, PIXELS
 from ce_retrieval.modeling import grad_cache
 from ce_retrieval.modeling.augmentation import ImageAugmentation
 from ce_retrieval.modeling.text_tower import Tower
@@ -309,19 +309,35 @@ class TwoTowerModel(tf_keras.Model):
         return [self._loss_tracker, self._recall_tracker]
 
     def _prepare(self, data, augment: bool):
-        """String inputs -> (BERT input dict, pixels, ids); not XLA-compilable (string ops, keras-cv loops)."""
+        """String inputs -> (BERT input dict, pixels, ids); not XLA-compilable (string ops, keras-cv loops).
+
+        Images come as bytes (``"image"``, decoded here) or already decoded by the input pipeline (``"pixels"``,
+        ``data.train_pipeline(decode=...)``), which takes the decoding out of the step."""
         if isinstance(data, (tuple, list)):
             data = data[0]
-        missing = [k for k in (CAPTION, IMAGE, IMAGE_ID) if k not in data]
+        image_key = PIXELS if PIXELS in data else IMAGE
+        missing = [k for k in (CAPTION, image_key, IMAGE_ID) if k not in data]
         if missing:
             raise KeyError(
-                f"TwoTowerModel: training batches need {CAPTION!r}, {IMAGE!r}, {IMAGE_ID!r}; missing {missing}"
+                f"TwoTowerModel: training batches need {CAPTION!r}, {IMAGE!r} (or decoded {PIXELS!r}) and "
+                f"{IMAGE_ID!r}; missing {missing}"
             )
         text_inputs = self.text_preprocessor(data[CAPTION])
-        pixels = self.image_preprocessor(data[IMAGE])
+        pixels = self._decoded(data[PIXELS]) if image_key == PIXELS else self.image_preprocessor(data[IMAGE])
         if augment and self.augmentation is not None:
             pixels = self.augmentation(pixels)
         return text_inputs, pixels, tf.cast(data[IMAGE_ID], tf.int64)
+
+    def _decoded(self, pixels) -> tf.Tensor:
+        """Pipeline-decoded pixels, checked against what this model's decoder would have made: float [B, S, S, 3]."""
+        pixels = tf.convert_to_tensor(pixels)
+        size = self.image_preprocessor.image_size
+        if not pixels.dtype.is_floating or pixels.shape.rank != 4 or tuple(pixels.shape[1:]) != (size, size, 3):
+            raise ValueError(
+                f"TwoTowerModel: decoded {PIXELS!r} must be float [batch, {size}, {size}, 3] in [0, 1] (the image "
+                f"tower's size), got {pixels.dtype.name} {pixels.shape}"
+            )
+        return tf.cast(pixels, tf.float32)
 
     def regularization_loss(self) -> tf.Tensor:
         """Σ of the towers' regularisers (0 without any): identical on every replica, part of the global loss."""

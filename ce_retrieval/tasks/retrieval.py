@@ -17,6 +17,7 @@ holds for every registered loss; :meth:`RetrievalTask.describe` reports it with 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from typing import TYPE_CHECKING
 
@@ -54,12 +55,16 @@ class RetrievalTask:
 
     def build_dataset(self) -> tf.data.Dataset:
         """The training pipeline at the global batch size, shuffled with ``train.shuffle_seed`` (null: ``train.seed``),
-        sharded by data under a multi-worker strategy."""
+        sharded by data under a multi-worker strategy. Images arrive decoded by the image tower's own decoder
+        (``modeling.decode_image``), in tf.data's threads rather than in the train step (``benchmarks/scale/
+        decode_in_pipeline.py``)."""
         from ce_retrieval import data
+        from ce_retrieval.modeling.image_tower import decode_image
 
         cfg = self.config
         order = cfg.train.seed if cfg.train.shuffle_seed is None else cfg.train.shuffle_seed
-        dataset = data.train_pipeline(cfg.data, "train", cfg.train.batch_size, seed=order)
+        decode = functools.partial(decode_image, image_size=cfg.model.image.image_size, resize=cfg.model.image.resize)
+        dataset = data.train_pipeline(cfg.data, "train", cfg.train.batch_size, seed=order, decode=decode)
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
         return dataset.with_options(options)
