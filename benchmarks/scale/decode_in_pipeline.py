@@ -28,6 +28,7 @@ import time
 os.environ["TF_USE_LEGACY_KERAS"] = "1"  # before TensorFlow loads
 
 from benchmarks import ROOT  # noqa: E402
+from benchmarks.common.ab import abba, add_config_arguments, load_config  # noqa: E402
 from benchmarks.common.machine import load_average, machine_info  # noqa: E402
 from benchmarks.common.records import write_record  # noqa: E402
 
@@ -96,8 +97,7 @@ def markdown(record: dict) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--config", default="synthetic_demo")
-    ap.add_argument("--params_override", default="", help="e.g. the tests' tiny model, for a smoke run")
+    add_config_arguments(ap)
     ap.add_argument("--repeats", type=int, default=3, help="runs of each kind (ABBA pairs)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=60)
@@ -106,12 +106,11 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     command = "python -m benchmarks.scale.decode_in_pipeline " + " ".join(sys.argv[1:] if argv is None else argv)
 
-    from ce_retrieval import configs, data
-    from ce_retrieval.cli.train import resolve_config
+    from ce_retrieval import data
     from ce_retrieval.tasks.retrieval import RetrievalTask
     from ce_retrieval.training.trainer import prepare_process
 
-    cfg = configs.load_experiment(resolve_config(args.config), [args.params_override] if args.params_override else [])
+    cfg, config_label = load_config(args)
     prepare_process(cfg)
     task = RetrievalTask(cfg)
     datasets = {  # built anew for every run: a seeded shuffle reshuffles for each new iterator of one dataset
@@ -119,7 +118,7 @@ def main(argv=None) -> int:
         "decoded in the step": lambda: data.train_pipeline(cfg.data, "train", cfg.train.batch_size, cfg.train.seed),
     }
     load_before = load_average()
-    order = [KINDS[(i // 2 + i) % 2] for i in range(2 * args.repeats)]  # A B B A ...
+    order = abba(KINDS, args.repeats)
     with tempfile.TemporaryDirectory() as workdir:
         vocab_path = data.vocab_path_for(cfg.data, workdir)
         runs = [{"kind": k, **time_steps(task, datasets[k](), vocab_path, args.warmup, args.steps)} for k in order]
@@ -129,7 +128,7 @@ def main(argv=None) -> int:
         "machine": machine_info([]),
         "load_before": load_before,
         "load_after": load_average(),
-        "config": args.config + (f" with {args.params_override}" if args.params_override else ""),
+        "config": config_label,
         "batch_size": cfg.train.batch_size,
         "seed": cfg.train.seed,
         "warmup": args.warmup,

@@ -27,6 +27,7 @@ import time
 import numpy as np
 
 from benchmarks import ROOT
+from benchmarks.common.ab import abba, add_config_arguments, load_config
 from benchmarks.common.machine import load_average, machine_info
 from benchmarks.common.records import write_record
 
@@ -106,22 +107,20 @@ def markdown(record: dict) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--config", default="synthetic_demo")
-    ap.add_argument("--params_override", default="", help="e.g. the tests' tiny model, for a smoke run")
+    add_config_arguments(ap)
     ap.add_argument("--repeats", type=int, default=3, help="exports of each kind (even: ABBA pairs)")
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
     args = ap.parse_args(argv)
     command = "python -m benchmarks.serving.export_time " + " ".join(sys.argv[1:] if argv is None else argv)
 
-    from ce_retrieval import configs, data
-    from ce_retrieval.cli.train import resolve_config
+    from ce_retrieval import data
     from ce_retrieval.modeling import build_two_tower
     from ce_retrieval.utils.seeding import seed_everything
 
-    cfg = configs.load_experiment(resolve_config(args.config), [args.params_override] if args.params_override else [])
+    cfg, config_label = load_config(args)
     seed_everything(0)
     load_before = load_average()
-    order = [KINDS[(i // 2 + i) % 2] for i in range(2 * args.repeats)]  # A B B A A B ...
+    order = abba(KINDS, args.repeats)
     with tempfile.TemporaryDirectory() as workdir:
         model = build_two_tower(cfg.model, data.vocab_path_for(cfg.data, workdir))  # the vocabulary training learns
         runs = [export_once(model, kind, os.path.join(workdir, str(KINDS.index(kind)))) for kind in order]
@@ -131,7 +130,7 @@ def main(argv=None) -> int:
         "machine": machine_info([]),
         "load_before": load_before,
         "load_after": load_average(),
-        "config": args.config + (f" with {args.params_override}" if args.params_override else ""),
+        "config": config_label,
         "repeats": args.repeats,
         "runs": runs,
         "summary": summarise(runs),
