@@ -39,8 +39,8 @@ def _indexed_dataset(captions, caption_image_index, images, image_ids, decode=No
     base = tf.data.Dataset.from_tensor_slices(
         (tf.constant(captions, tf.string), tf.constant(np.asarray(caption_image_index, np.int64), tf.int64))
     )
-    if decode is None:
-        key, table = IMAGE, tf.constant(images, tf.string)
+    if decode is None or _decoded_bytes(images, decode) > DECODE_ONCE_MAX_BYTES:
+        key, table = IMAGE, tf.constant(images, tf.string)  # decoded per example by train_pipeline, if at all
     else:
         key, table = PIXELS, _decode_table(images, decode)
     return base.map(
@@ -52,6 +52,19 @@ def _indexed_dataset(captions, caption_image_index, images, image_ids, decode=No
         num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=True,
     )
+
+
+# An in-memory source's images are decoded once only while the decoded table stays this small (the demo's 3,000
+# training images at 64 px take 147 MB as float32); a larger one is decoded per example, after the shuffle.
+DECODE_ONCE_MAX_BYTES = 1 << 30
+
+
+def _decoded_bytes(images, decode) -> int:
+    """Bytes of every image decoded: ``len(images)`` × the size of ``decode``'s output (traced, not run)."""
+    if not len(images):
+        return 0
+    spec = tf.data.Dataset.from_tensor_slices(tf.constant(images[:1], tf.string)).map(decode).element_spec
+    return len(images) * spec.shape.num_elements() * spec.dtype.size
 
 
 def _decode_table(images, decode) -> tf.Tensor:
@@ -77,8 +90,8 @@ def load_examples(
     """Unbatched ``{"caption": string, "image": string (PNG/JPEG bytes), "image_id": int64}``, one per caption.
 
     ``decode``: where a source holds its images in memory (the synthetic set), they are decoded once up front and
-    the examples carry ``"pixels"`` instead of bytes; streamed sources ignore it (``train_pipeline`` decodes them
-    per example)."""
+    the examples carry ``"pixels"`` instead of bytes, while the decoded table stays within ``DECODE_ONCE_MAX_BYTES``;
+    otherwise, and for streamed sources, the bytes stay (``train_pipeline`` decodes them per example)."""
     _check_split(split)
     if cfg.name == "synthetic":
         data = _synthetic_split(cfg, split)

@@ -43,6 +43,19 @@ def test_in_memory_source_is_decoded_once_into_the_same_pixels_as_the_tower():
     _same_batches(decoded, train_pipeline(CFG, "train", batch_size=16, seed=3), image_size=24)
 
 
+def test_an_in_memory_set_too_large_to_decode_once_is_decoded_per_example(monkeypatch):
+    from ce_retrieval.data import pipeline
+
+    decode = functools.partial(decode_image, image_size=24)
+    table_bytes = 24 * 24 * 3 * 4 * CFG.num_train_images
+    monkeypatch.setattr(pipeline, "DECODE_ONCE_MAX_BYTES", table_bytes - 1)
+    assert "image" in pipeline.load_examples(CFG, "train", decode=decode).element_spec  # bytes kept
+    decoded = train_pipeline(CFG, "train", batch_size=16, seed=3, decode=decode)
+    _same_batches(decoded, train_pipeline(CFG, "train", batch_size=16, seed=3), image_size=24)
+    monkeypatch.setattr(pipeline, "DECODE_ONCE_MAX_BYTES", table_bytes)  # exactly fits: decoded once
+    assert PIXELS in pipeline.load_examples(CFG, "train", decode=decode).element_spec
+
+
 def test_streamed_source_is_decoded_per_example_after_the_shuffle(tmp_path):
     sizes = [(40, 30), (30, 40), (32, 32), (50, 20)]  # aspect ratios the centre crop must handle
     examples = [
