@@ -27,7 +27,7 @@ import time
 __all__ = ["add_arguments", "run"]
 
 DEFAULT_QUERIES = 4
-DEFAULT_BASELINES = "SampledSoftmax@10,SigmoidLoss@b=-5,SymmetricInfoNCE@10"
+DEFAULT_BASELINES = "SampledSoftmax@10,SigmoidLoss@b=-5,SymmetricInfoNCE@20"
 
 
 def add_arguments(parser) -> None:
@@ -42,8 +42,8 @@ def add_arguments(parser) -> None:
         help="comma-separated losses of the comparison models trained the same way, each optionally at its own λ "
         "('SampledSoftmax@10'; without @, model.logit_scale) and, for SigLIP, its initial bias ('SigmoidLoss@b=-5'); "
         "'none' skips them. Default: Sampled Softmax at λ 10, SigLIP (t and b learned, b from -5) and symmetric "
-        "InfoNCE at λ 10, each chosen on the validation split for the synthetic demo (benchmarks/results/"
-        "demo_scale.md, demo_scale_siglip.md, demo_scale_infonce.md)",
+        "InfoNCE at λ 20, each chosen on the validation split for the synthetic demo with its image warm-up "
+        "(benchmarks/results/demo_scale_warmup.md, demo_scale_warmup_40.md)",
     )
 
 

@@ -49,9 +49,9 @@ def test_the_baseline_differs_only_in_its_loss_and_scale():
     started = demo.baseline_config(cfg, "SigmoidLoss", None, -5.0)
     assert started.model.learn_logit_bias and started.model.logit_bias == -5.0 and started.model.logit_scale == 10.0
     # the shipped default: Sampled Softmax and symmetric InfoNCE at the λ chosen for each on the validation split,
-    # SigLIP learning its t and b from the initial b chosen the same way (benchmarks/results/demo_scale_siglip.md)
+    # SigLIP learning its t and b from the initial b chosen the same way (benchmarks/results/demo_scale_warmup.md)
     assert demo.parse_baselines(demo.DEFAULT_BASELINES, cfg.loss.name) == [
         ("SampledSoftmax", 10.0, None),
         ("SigmoidLoss", None, -5.0),
-        ("SymmetricInfoNCE", 10.0, None),
+        ("SymmetricInfoNCE", 20.0, None),
     ]
