@@ -131,6 +131,7 @@ def markdown(rng: dict, records: list[dict], command: str) -> str:
             cell = f"{fmt(lo, unit)} – {fmt(hi, unit)}" if lo is not None else "none"
             cells.append(cell + (f" ({missing} seed(s) without one)" if missing and lo is not None else ""))
         lines.append(f"| {label.strip()}{' (%)' if unit == '%' else ''} | " + " | ".join(cells) + " |")
+    lines += ["", f"{spread_line(rng)}"]
     if all(r.get("training") for r in records):
         lines += ["", "Training (from each model's train_summary.json): last epoch's loss / in-batch R@1; seconds", ""]
         lines += ["| seed | " + " | ".join(names) + " |", "|---:|" + "---:|" * len(names)]
@@ -150,6 +151,17 @@ def markdown(rng: dict, records: list[dict], command: str) -> str:
         cells = [fmt(r["runs"][n].get(key), unit) for n in names for r in records]
         lines.append(f"| {label.strip()} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def spread_line(rng: dict) -> str:
+    """The text→image R@1 spread over the seeds (max − min, in points) per objective: the figure the main job's
+    seed goal (≤ 10 points, issue #30 item 4) is about: the difference of the unrounded fractions, which can differ by
+    0.1 from the difference of the range's rounded ends."""
+    cells = []
+    for name, run in rng["runs"].items():
+        lo, hi = run["t2i_r1"]
+        cells.append(f"{name} {100 * (hi - lo):.1f}" if lo is not None else f"{name} -")
+    return "Text→image R@1 spread over the seeds (max − min, points; the goal is ≤ 10): " + ", ".join(cells) + "."
 
 
 def package_range(rng: dict) -> str:

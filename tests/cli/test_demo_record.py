@@ -98,8 +98,8 @@ def test_the_record_names_the_thread_setting_and_the_demo_warns_when_it_differs(
 
 def test_range_over_seeds_counts_seeds_without_a_value(tmp_path):
     records = []
-    for seed, (pr, p05) in enumerate([(0.30, 0.45), (0.20, None), (0.34, 0.41)]):
-        rec = demo_record.write(str(tmp_path / f"seed{seed}"), _cfg(seed), {"CE": _report(pr, 0.4, 16, p05)}, 1.0)
+    for seed, (pr, r1, p05) in enumerate([(0.30, 0.40, 0.45), (0.20, 0.31, None), (0.34, 0.52, 0.41)]):
+        rec = demo_record.write(str(tmp_path / f"seed{seed}"), _cfg(seed), {"CE": _report(pr, r1, 16, p05)}, 1.0)
         records.append(rec)
     rng = demo_seeds.summary(records)
     ce = rng["runs"]["CE"]
@@ -114,6 +114,7 @@ def test_range_over_seeds_counts_seeds_without_a_value(tmp_path):
     assert json.loads((tmp_path / "r.json").read_text())["range"]["runs"]["CE"]["pr_auc"] == [0.20, 0.34]
     text = (tmp_path / "r.md").read_text()
     assert "| global PR-AUC (%) | 20.0 – 34.0 |" in text
+    assert "Text→image R@1 spread over the seeds (max − min, points; the goal is ≤ 10): CE 21.0." in text
     assert f"demo_seeds --seeds 0 1 2 --workdir {tmp_path} --out {tmp_path / 'r'} --no_run" in text  # as run
     assert "--package" not in text
 
