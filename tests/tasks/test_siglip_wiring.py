@@ -52,6 +52,19 @@ def test_the_siglip_yaml_config_learns_t_and_b_from_the_demos_init():
     assert (loss.scale, loss.bias) == (10.0, -10.0)  # t₀ and b₀ whether learned or not
 
 
+def test_the_siglip_yaml_config_is_the_demo_but_for_its_loss_and_logits():
+    """Its header says everything but ``name``, ``model.logit_*`` and ``loss`` is the demo's: a default changed in
+    one (e.g. the image warm-up) must be changed in the other."""
+    siglip = configs.load_experiment(resolve_config("synthetic_siglip"))
+    demo = configs.load_experiment(resolve_config("synthetic_demo"))
+    assert (siglip.data, siglip.train, siglip.evaluation) == (demo.data, demo.train, demo.evaluation)
+    assert (siglip.model.text, siglip.model.image, siglip.model.embedding_dim) == (
+        demo.model.text,
+        demo.model.image,
+        demo.model.embedding_dim,
+    )
+
+
 @pytest.mark.parametrize(
     "model, scale, bias",
     [
