@@ -146,3 +146,38 @@ def test_vary_order_sets_the_shuffle_seed_and_keeps_the_weights_seed():
     assert (weights.train.seed, weights.train.shuffle_seed) == (2, 0)
     plain = configs.load_experiment(resolve_config(demo_scale.CONFIG), [demo_scale.overrides("SampledSoftmax", 10, 3)])
     assert (plain.train.seed, plain.train.shuffle_seed) == (3, None)
+
+
+def _runs(figs: dict) -> dict:
+    """``{loss: {λ: {seed: {"summary": ...}}}}`` from ``{(loss, λ): {seed: (pr_auc, t2i_r1)}}``."""
+    runs: dict = {}
+    for (loss, scale), by_seed in figs.items():
+        for seed, (pr, r1) in by_seed.items():
+            summary = {"pr_auc": pr, "t2i_r1": r1, "i2t_r1": r1}
+            runs.setdefault(loss, {}).setdefault(f"{scale:g}", {})[str(seed)] = {"summary": summary}
+    return runs
+
+
+def test_the_choice_within_the_spread_goal_is_the_best_mean_among_the_candidates_that_meet_it():
+    """Item 4 bounds the seed spread, item 3 asks for the best: λ 20 has the best mean but spreads R@1 by 12 points,
+    λ 5 and 10 meet the 10-point goal and 10 has the better mean of the two; where nothing meets it, None."""
+    figs = {
+        ("CrossExampleSoftmax", 5.0): {0: (0.20, 0.30), 1: (0.20, 0.35)},  # spread 5, score 0.525
+        ("CrossExampleSoftmax", 10.0): {0: (0.25, 0.35), 1: (0.25, 0.45)},  # spread 10 (on the bound), score 0.65
+        ("CrossExampleSoftmax", 20.0): {0: (0.30, 0.40), 1: (0.30, 0.52)},  # spread 12, score 0.76
+        ("SampledSoftmax", 10.0): {0: (0.10, 0.20), 1: (0.10, 0.40)},  # spread 20
+    }
+    choice = demo_scale.choose(_runs(figs))
+    assert choice["CrossExampleSoftmax"]["chosen"] == 20.0
+    assert choice["CrossExampleSoftmax"]["chosen_within_goal"] == 10.0
+    assert choice["SampledSoftmax"]["chosen"] == 10.0 and choice["SampledSoftmax"]["chosen_within_goal"] is None
+    assert demo_scale.choose(_runs(figs), max_spread=4)["CrossExampleSoftmax"]["chosen_within_goal"] is None
+    assert demo_scale.choose(_runs(figs), max_spread=15)["CrossExampleSoftmax"]["chosen_within_goal"] == 20.0
+    record = {
+        "command": "c", "date": "d", "machine": "m", "load_average_1_5_15": {}, "seconds": 60.0,
+        "seeds": [0, 1], "runs": _runs(figs), "choice": choice,
+    }  # fmt: skip
+    md = demo_scale.markdown(record)
+    ce20, ce10 = (next(r for r in md.splitlines() if r.startswith(f"| CrossExampleSoftmax | {x} |")) for x in (20, 10))
+    assert ce20.endswith("| **yes** |  |") and ce10.endswith("|  | **yes** |")
+    assert "no candidate of SampledSoftmax meets it" in md

@@ -49,9 +49,27 @@ def test_the_baseline_differs_only_in_its_loss_and_scale():
     started = demo.baseline_config(cfg, "SigmoidLoss", None, -5.0)
     assert started.model.learn_logit_bias and started.model.logit_bias == -5.0 and started.model.logit_scale == 10.0
     # the shipped default: Sampled Softmax and symmetric InfoNCE at the λ chosen for each on the validation split,
-    # SigLIP learning its t and b from the initial b chosen the same way (benchmarks/results/demo_scale_warmup.md)
+    # SigLIP learning its t and b from the initial b chosen the same way (benchmarks/results/demo_scale_warmup_goal.md)
     assert demo.parse_baselines(demo.DEFAULT_BASELINES, cfg.loss.name) == [
-        ("SampledSoftmax", 10.0, None),
+        ("SampledSoftmax", 20.0, None),
         ("SigmoidLoss", None, -5.0),
-        ("SymmetricInfoNCE", 20.0, None),
+        ("SymmetricInfoNCE", 5.0, None),
     ]
+
+
+def test_the_default_is_the_recorded_choice_within_the_spread_goal():
+    """The configured objective's λ and every default baseline's λ (SigLIP: initial b) are the ones the validation
+    sweep's record chose within the spread goal, so the config, the CLI and the record cannot drift apart."""
+    import json
+    import pathlib
+
+    record = pathlib.Path(__file__).parents[2] / "benchmarks" / "results" / "demo_scale_warmup_goal.json"
+    choice = {loss: c["chosen_within_goal"] for loss, c in json.loads(record.read_text())["choice"].items()}
+    cfg = configs.load_experiment(resolve_config("synthetic_demo"))
+    shipped = {cfg.loss.name: cfg.model.logit_scale}
+    shipped |= {
+        name: scale if bias is None else bias
+        for name, scale, bias in demo.parse_baselines(demo.DEFAULT_BASELINES, cfg.loss.name)
+    }
+    assert shipped == choice
+    assert cfg.train.optimizer.image_warmup_steps == 50  # the sweep's setting
