@@ -131,7 +131,7 @@ def markdown(rng: dict, records: list[dict], command: str) -> str:
             cell = f"{fmt(lo, unit)} – {fmt(hi, unit)}" if lo is not None else "none"
             cells.append(cell + (f" ({missing} seed(s) without one)" if missing and lo is not None else ""))
         lines.append(f"| {label.strip()}{' (%)' if unit == '%' else ''} | " + " | ".join(cells) + " |")
-    lines += ["", f"{spread_line(rng)}"]
+    lines += ["", f"{spread_line(rng)}", "", mean_line(records)]
     if all(r.get("training") for r in records):
         lines += ["", "Training (from each model's train_summary.json): last epoch's loss / in-batch R@1; seconds", ""]
         lines += ["| seed | " + " | ".join(names) + " |", "|---:|" + "---:|" * len(names)]
@@ -162,6 +162,19 @@ def spread_line(rng: dict) -> str:
         lo, hi = run["t2i_r1"]
         cells.append(f"{name} {100 * (hi - lo):.1f}" if lo is not None else f"{name} -")
     return "Text→image R@1 spread over the seeds (max − min, points; the goal is ≤ 10): " + ", ".join(cells) + "."
+
+
+def mean_line(records: list[dict]) -> str:
+    """Each objective's mean over the seeds of global PR-AUC and text→image R@1 (test, %): what a setting costs or
+    gains on average, beside the range and the spread, when two settings of the main job are compared."""
+    cells = []
+    for name in records[0]["runs"]:
+        means = []
+        for key in ("pr_auc", "t2i_r1"):
+            values = [r["runs"][name][key] for r in records if r["runs"].get(name, {}).get(key) is not None]
+            means.append(f"{100 * sum(values) / len(values):.1f}" if values else "-")
+        cells.append(f"{name} {means[0]} / {means[1]}")
+    return "Mean over the seeds (global PR-AUC / text→image R@1, %): " + ", ".join(cells) + "."
 
 
 def package_range(rng: dict) -> str:

@@ -115,6 +115,7 @@ def test_range_over_seeds_counts_seeds_without_a_value(tmp_path):
     text = (tmp_path / "r.md").read_text()
     assert "| global PR-AUC (%) | 20.0 – 34.0 |" in text
     assert "Text→image R@1 spread over the seeds (max − min, points; the goal is ≤ 10): CE 21.0." in text
+    assert "Mean over the seeds (global PR-AUC / text→image R@1, %): CE 28.0 / 41.0." in text
     assert f"demo_seeds --seeds 0 1 2 --workdir {tmp_path} --out {tmp_path / 'r'} --no_run" in text  # as run
     assert "--package" not in text
 
