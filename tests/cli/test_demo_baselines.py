@@ -1,8 +1,11 @@
 """``ce-retrieval demo --baseline``: each baseline optionally at its own λ ("SampledSoftmax@10"), the configured
 loss left out, bad entries named; the baseline's config differs from the configured one only in the loss and λ."""
 
+import json
+
 import pytest
 
+from benchmarks import ROOT
 from ce_retrieval import configs
 from ce_retrieval.cli import demo
 from ce_retrieval.cli.train import resolve_config
@@ -60,10 +63,7 @@ def test_the_baseline_differs_only_in_its_loss_and_scale():
 def test_the_default_is_the_recorded_choice_within_the_spread_goal():
     """The configured objective's λ and every default baseline's λ (SigLIP: initial b) are the ones the validation
     sweep's record chose within the spread goal, so the config, the CLI and the record cannot drift apart."""
-    import json
-    import pathlib
-
-    record = pathlib.Path(__file__).parents[2] / "benchmarks" / "results" / "demo_scale_warmup_goal.json"
+    record = ROOT / "benchmarks" / "results" / "demo_scale_warmup_goal.json"
     choice = {loss: c["chosen_within_goal"] for loss, c in json.loads(record.read_text())["choice"].items()}
     cfg = configs.load_experiment(resolve_config("synthetic_demo"))
     shipped = {cfg.loss.name: cfg.model.logit_scale}
